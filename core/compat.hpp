@@ -1,0 +1,63 @@
+// Kokkos 3.4 (Debian's Trilinos build) vs Kokkos 4.x: every difference kdist relies on is
+// bridged here, so the rest of the code is written once (ARCHITECTURE.md §5).
+#pragma once
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <string>
+
+namespace kdist {
+namespace compat {
+
+/// Fence one execution-space instance; the label is used where Kokkos accepts one (3.6+).
+template <class ExecSpace>
+void fence(const ExecSpace& exec, const char* label) {
+#if KOKKOS_VERSION >= 30600
+  exec.fence(label);
+#else
+  (void)label;
+  exec.fence();
+#endif
+}
+
+/// Device-callable square root and absolute value (Kokkos::sqrt is 3.7+, Experimental:: is gone in 4.3).
+template <class T>
+KOKKOS_INLINE_FUNCTION T sqrt(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::sqrt(x);
+#else
+  return Kokkos::Experimental::sqrt(x);
+#endif
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T abs(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::abs(x);
+#else
+  return Kokkos::Experimental::fabs(x);
+#endif
+}
+
+/// Device-callable finiteness test (std::isfinite is host-only; x - x is NaN for Inf and NaN).
+template <class T>
+KOKKOS_INLINE_FUNCTION bool isfinite(T x) {
+  return (x - x) == T(0);
+}
+
+/// Profiling region guard (Kokkos::Profiling::ScopedRegion is 4.x only).
+class ScopedRegion {
+ public:
+  explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }
+  ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
+  ScopedRegion(const ScopedRegion&) = delete;
+  ScopedRegion& operator=(const ScopedRegion&) = delete;
+};
+
+/// Rank of a view type as an int (View::rank() is a call only in 4.x).
+template <class V>
+constexpr int view_rank() {
+  return static_cast<int>(V::rank);
+}
+
+}  // namespace compat
+}  // namespace kdist

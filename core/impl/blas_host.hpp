@@ -1,0 +1,20 @@
+// Host BLAS entry points kdist calls directly (Kokkos Kernels 3.4 has no syrk). Column-major,
+// Fortran conventions; float and double are instantiated in blas_host.cpp.
+#pragma once
+
+namespace kdist {
+namespace impl {
+namespace host {
+
+/// C := alpha * op(A) op(A)^T + beta * C on the `uplo` triangle; op = A ('N') or A^T ('T').
+template <class T>
+void syrk(char uplo, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C, int ldc);
+
+/// C := alpha * op(A) op(B) + beta * C (used by benchmarks as the dgemm/sgemm baseline).
+template <class T>
+void gemm(char transa, char transb, int m, int n, int k, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
+          T* C, int ldc);
+
+}  // namespace host
+}  // namespace impl
+}  // namespace kdist

@@ -1,0 +1,25 @@
+// Host LAPACK entry points for the SPD inverse and the symmetric eigendecomposition (no
+// KokkosLapack before 4.2, and none has Cholesky). Every function returns LAPACK's info.
+#pragma once
+
+namespace kdist {
+namespace impl {
+namespace host {
+
+template <class T>
+int potrf(char uplo, int n, T* A, int lda);
+template <class T>
+int potri(char uplo, int n, T* A, int lda);
+
+struct SyevdWorkspace {
+  int lwork = 0;
+  int liwork = 0;
+};
+template <class T>
+SyevdWorkspace syevd_workspace(char jobz, char uplo, int n);
+template <class T>
+int syevd(char jobz, char uplo, int n, T* A, int lda, T* w, T* work, int lwork, int* iwork, int liwork);
+
+}  // namespace host
+}  // namespace impl
+}  // namespace kdist

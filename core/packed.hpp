@@ -1,0 +1,73 @@
+// Packed symmetric storage in LAPACK 'U' order: AP[i + j(j+1)/2] = A(i,j) for i <= j, n(n+1)/2
+// elements. K-FAC factors cross the network in this form (half the bytes of the full matrix).
+#pragma once
+
+#include <kdist/core/views.hpp>
+
+#include <cstddef>
+#include <string>
+
+namespace kdist {
+
+/// Number of elements of the packed upper triangle of an n x n matrix.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_size(std::size_t n) {
+  return n * (n + 1) / 2;
+}
+
+/// Position of A(i,j), i <= j, in packed 'U' order.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_index(std::size_t i, std::size_t j) {
+  return i + j * (j + 1) / 2;
+}
+
+/// Inverse of packed_size: the n with packed_size(n) == size; throws if there is none.
+std::size_t packed_dim(std::size_t size);
+
+namespace impl {
+template <class Exec, class Full, class Packed>
+void check_packed_pair(const char* func, const Full& full, const Packed& packed) {
+  static_check_view<Exec, Full>();
+  static_check_view<Exec, Packed>();
+  static_assert(compat::view_rank<Full>() == 2, "kdist: full matrix must be rank 2");
+  static_assert(compat::view_rank<Packed>() == 1, "kdist: packed vector must be rank 1");
+  require_square(func, full);
+  if (packed.extent(0) != packed_size(full.extent(0)))
+    throw_invalid(func, "packed view " + describe(packed) + " must hold n(n+1)/2 = " +
+                            std::to_string(packed_size(full.extent(0))) + " elements for matrix " + describe(full));
+}
+}  // namespace impl
+
+/// Copy the upper triangle of the square matrix `full` into `packed`.
+template <class ExecSpace, class Full, class Packed>
+void pack_upper(const ExecSpace& exec, const Full& full, const Packed& packed) {
+  impl::check_packed_pair<ExecSpace>("kdist::pack_upper", full, packed);
+  const int n = static_cast<int>(full.extent(0));
+  // One pass over the packed vector: thread t handles the column j it falls in.
+  Kokkos::parallel_for(
+      "kdist::pack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+        const std::size_t base = packed_index(0, j);
+        for (int i = 0; i <= j; ++i) packed(base + i) = full(i, j);
+      });
+}
+
+/// Fill the square matrix `full` from `packed`, mirroring the upper triangle to the lower.
+template <class ExecSpace, class Packed, class Full>
+void unpack_upper(const ExecSpace& exec, const Packed& packed, const Full& full) {
+  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper", full, packed);
+  const int n = static_cast<int>(full.extent(0));
+  Kokkos::parallel_for(
+      "kdist::unpack_upper", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(exec, {0, 0}, {n, n}),
+      KOKKOS_LAMBDA(const int i, const int j) {
+        full(i, j) = i <= j ? packed(packed_index(i, j)) : packed(packed_index(j, i));
+      });
+}
+
+template <class Full, class Packed>
+void pack_upper(const Full& full, const Packed& packed) {
+  pack_upper(typename Full::execution_space{}, full, packed);
+}
+template <class Packed, class Full>
+void unpack_upper(const Packed& packed, const Full& full) {
+  unpack_upper(typename Full::execution_space{}, packed, full);
+}
+
+}  // namespace kdist

@@ -1,0 +1,122 @@
+// Factor products A = X^T X * scale (K-FAC's Kronecker factors) and a gemm that takes the
+// execution-space instance on both Kokkos Kernels 3.4 and 4.x.
+#pragma once
+
+#include <kdist/config.hpp>
+#include <kdist/core/impl/blas_host.hpp>
+#include <kdist/core/views.hpp>
+
+#include <KokkosBlas3_gemm.hpp>
+#include <algorithm>
+#include <type_traits>
+
+#if KDIST_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+#include <kdist/core/impl/cusolver_backend.hpp>
+#endif
+
+namespace kdist {
+namespace impl {
+
+/// Backend dispatch for syrk (upper triangle, column-major). Host spaces call BLAS; the CUDA
+/// specialisation calls cuBLAS on the instance's stream.
+template <class ExecSpace, class T, class Enable = void>
+struct Syrk {
+  static_assert(sizeof(T) == 0, "kdist::factor_product: no syrk backend for this execution space");
+};
+
+template <class ExecSpace, class T>
+struct Syrk<ExecSpace, T, std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  static void run(const ExecSpace& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
+                  int ldc) {
+    compat::fence(exec, "kdist::factor_product: before BLAS syrk");
+    host::syrk<T>('U', trans, n, k, alpha, A, lda, beta, C, ldc);
+  }
+};
+
+#if KDIST_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+template <class T>
+struct Syrk<Kokkos::Cuda, T, void> {
+  static void run(const Kokkos::Cuda& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
+                  int ldc) {
+    cusolver::syrk<T>(trans, n, k, alpha, A, lda, beta, C, ldc, exec.cuda_stream());
+  }
+};
+#endif
+
+}  // namespace impl
+
+/// A = scale * X^T X for X of shape rows x d (LayoutLeft or LayoutRight, read in place).
+/// With `bias`, A is (d+1) x (d+1) and equals scale * [X 1]^T [X 1]: the extra row/column holds
+/// scale times the column sums of X and the corner holds scale * rows (1 for scale = 1/rows).
+/// No ones column is materialised. A is LayoutLeft, full symmetric storage.
+template <class ExecSpace, class XView, class AView>
+void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typename AView::non_const_value_type scale,
+                    bool bias = false) {
+  using T = typename AView::non_const_value_type;
+  using XLayout = typename XView::array_layout;
+  constexpr const char* func = "kdist::factor_product";
+  impl::static_check_view<ExecSpace, XView>();
+  impl::static_check_view<ExecSpace, AView>();
+  static_assert(compat::view_rank<XView>() == 2 && compat::view_rank<AView>() == 2, "kdist: X and A must be rank 2");
+  static_assert(std::is_same<typename XView::non_const_value_type, T>::value, "kdist: X and A value types differ");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "kdist: float or double only");
+  static_assert(std::is_same<XLayout, Kokkos::LayoutLeft>::value || std::is_same<XLayout, Kokkos::LayoutRight>::value,
+                "kdist::factor_product: X must be LayoutLeft or LayoutRight");
+  static_assert(std::is_same<typename AView::array_layout, Kokkos::LayoutLeft>::value,
+                "kdist::factor_product: A must be LayoutLeft");
+  const int rows = static_cast<int>(X.extent(0));
+  const int d = static_cast<int>(X.extent(1));
+  const int n = d + (bias ? 1 : 0);
+  impl::require_square(func, A);
+  if (static_cast<int>(A.extent(0)) != n)
+    impl::throw_invalid(func, "factor " + impl::describe(A) + " must be " + std::to_string(n) + " x " +
+                                  std::to_string(n) + " for X " + impl::describe(X) + (bias ? " with bias" : ""));
+  if (n == 0) return;
+  const int ldc = std::max<int>(1, static_cast<int>(A.stride(1)));
+  if (d > 0) {
+    if (std::is_same<XLayout, Kokkos::LayoutLeft>::value) {
+      // X is column-major rows x d: A = X^T X is syrk('T').
+      const int lda = std::max<int>(1, static_cast<int>(X.stride(1)));
+      impl::Syrk<ExecSpace, T>::run(exec, 'T', d, rows, scale, X.data(), std::max(lda, rows), T(0), A.data(), ldc);
+    } else {
+      // X row-major is X^T column-major (d x rows): A = (X^T)(X^T)^T is syrk('N').
+      const int lda = std::max<int>(std::max(1, d), static_cast<int>(X.stride(0)));
+      impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, scale, X.data(), lda, T(0), A.data(), ldc);
+    }
+  }
+  // Mirror the upper triangle and fill the bias row/column.
+  Kokkos::parallel_for(
+      "kdist::factor_product::mirror", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+        if (j < d) {
+          for (int i = j + 1; i < d; ++i) A(i, j) = A(j, i);
+          if (bias) {
+            T sum = 0;
+            for (int r = 0; r < rows; ++r) sum += X(r, j);
+            A(d, j) = scale * sum;
+            A(j, d) = scale * sum;
+          }
+        } else {
+          A(d, d) = scale * static_cast<T>(rows);
+        }
+      });
+}
+
+template <class XView, class AView>
+void factor_product(const XView& X, const AView& A, typename AView::non_const_value_type scale, bool bias = false) {
+  factor_product(typename AView::execution_space{}, X, A, scale, bias);
+}
+
+/// C := alpha op(A) op(B) + beta C through Kokkos Kernels, on `exec` (3.4 has no instance
+/// overload: there the instance is fenced and the call runs on the default instance).
+template <class ExecSpace, class AV, class BV, class CV>
+void gemm(const ExecSpace& exec, const char transA[], const char transB[], typename CV::const_value_type alpha,
+          const AV& A, const BV& B, typename CV::const_value_type beta, const CV& C) {
+#if KOKKOS_VERSION >= 40100
+  KokkosBlas::gemm(exec, transA, transB, alpha, A, B, beta, C);
+#else
+  compat::fence(exec, "kdist::gemm: Kokkos Kernels 3.4 has no instance overload");
+  KokkosBlas::gemm(transA, transB, alpha, A, B, beta, C);
+#endif
+}
+
+}  // namespace kdist
