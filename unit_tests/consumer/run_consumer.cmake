@@ -1,0 +1,13 @@
+# Installs the kdist build tree into PREFIX, then configures, builds and runs the consumer project.
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+file(REMOVE_RECURSE ${PREFIX} ${WORK})
+run(${CMAKE_COMMAND} --install ${KDIST_BUILD} --prefix ${PREFIX})
+run(${CMAKE_COMMAND} -S ${SRC} -B ${WORK} -DCMAKE_PREFIX_PATH=${PREFIX} -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK})
+run(${MPIEXEC} -n 2 ${WORK}/consumer)

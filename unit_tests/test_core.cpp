@@ -1,0 +1,315 @@
+// core/: packed format, factor products, SPD inverse and eigen method, errors, timer, timeline.
+#include <catch2/catch.hpp>
+#include <kdist/core/inverse.hpp>
+#include <kdist/core/packed.hpp>
+#include <kdist/core/products.hpp>
+#include <kdist/core/timeline.hpp>
+#include <kdist/core/timer.hpp>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "reference.hpp"
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::Dense;
+
+namespace {
+
+template <class T>
+Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> to_view(const Dense& a, int n, const char* label) {
+  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> v(std::string(label), n, n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) v(i, j) = static_cast<T>(a[i * n + j]);
+  return v;
+}
+
+template <class V>
+Dense to_dense(const V& v) {
+  const int n = static_cast<int>(v.extent(0));
+  Dense a(static_cast<std::size_t>(n) * n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) a[i * n + j] = static_cast<double>(v(i, j));
+  return a;
+}
+
+/// Reference matrix rounded to T and back, so residuals measure the inverse, not the rounding.
+template <class T>
+Dense rounded(const Dense& a) {
+  Dense r(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) r[i] = static_cast<double>(static_cast<T>(a[i]));
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[core][packed]", float, double) {
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int n = 1; n <= 300; n += (n < 20 ? 1 : 17)) {
+    Kokkos::View<TestType**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("a", n, n), back("back", n, n);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i <= j; ++i) a(i, j) = a(j, i) = static_cast<TestType>(u(rng));
+    Kokkos::View<TestType*, Kokkos::HostSpace> p("p", kdist::packed_size(n));
+    kdist::pack_upper(Host(), a, p);
+    // The order LAPACK's packed routines use: column by column, rows 0..j.
+    std::size_t k = 0;
+    bool order_ok = true;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i <= j; ++i, ++k) order_ok = order_ok && p(k) == a(i, j) && k == kdist::packed_index(i, j);
+    REQUIRE(order_ok);
+    kdist::unpack_upper(Host(), p, back);
+    bool same = true;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) same = same && back(i, j) == a(i, j);
+    REQUIRE(same);
+    REQUIRE(kdist::packed_dim(kdist::packed_size(n)) == static_cast<std::size_t>(n));
+  }
+}
+
+TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
+  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("factor", 4, 4);
+  Kokkos::View<double*, Kokkos::HostSpace> p("packed", 9);
+  REQUIRE_THROWS_AS(kdist::pack_upper(Host(), a, p), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::unpack_upper(Host(), p, a), Catch::Contains("kdist::unpack_upper") &&
+                                                             Catch::Contains("'packed' (9)") && Catch::Contains("10"));
+  REQUIRE_THROWS_AS(kdist::packed_dim(11), kdist::InvalidArgument);
+  REQUIRE(kdist::packed_dim(0) == 0);
+}
+
+template <class T, class Layout>
+void check_factor_product(int rows, int d, bool bias, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-2, 2);
+  Kokkos::View<T**, Layout, Kokkos::HostSpace> X("X", rows, d);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < d; ++c) X(r, c) = static_cast<T>(u(rng));
+  const int n = d + (bias ? 1 : 0);
+  const T scale = rows > 0 ? T(1) / static_cast<T>(rows) : T(1);
+  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", n, n);
+  Kokkos::deep_copy(A, T(-7));  // stale contents must be overwritten
+  kdist::factor_product(Host(), X, A, scale, bias);
+  // Triple loop over the explicit [X 1] matrix.
+  double worst = 0, ref_max = 0;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int r = 0; r < rows; ++r) {
+        const double xi = i < d ? static_cast<double>(X(r, i)) : 1.0;
+        const double xj = j < d ? static_cast<double>(X(r, j)) : 1.0;
+        s += xi * xj;
+      }
+      s *= static_cast<double>(scale);
+      ref_max = std::max(ref_max, std::abs(s));
+      worst = std::max(worst, std::abs(s - static_cast<double>(A(i, j))));
+    }
+  const double tol = (std::is_same<T, double>::value ? 1e-12 : 1e-5) * std::max(ref_max, 1e-300);
+  INFO("rows " << rows << " d " << d << " bias " << bias << " layout "
+               << (std::is_same<Layout, Kokkos::LayoutLeft>::value ? "left" : "right"));
+  CHECK(worst <= tol);
+}
+
+TEMPLATE_TEST_CASE("factor_product equals a triple loop", "[core][products]", float, double) {
+  std::mt19937_64 rng(7);
+  const int shapes[][2] = {{1, 1}, {7, 5}, {3, 9}, {64, 33}, {200, 17}, {5, 120}, {0, 4}};
+  for (const auto& s : shapes)
+    for (bool bias : {false, true}) {
+      check_factor_product<TestType, Kokkos::LayoutLeft>(s[0], s[1], bias, rng);
+      check_factor_product<TestType, Kokkos::LayoutRight>(s[0], s[1], bias, rng);
+    }
+}
+
+TEST_CASE("factor_product rejects a factor of the wrong size", "[core][products]") {
+  Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> X("acts", 8, 3);
+  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A[0]", 3, 3);
+  REQUIRE_THROWS_WITH(kdist::factor_product(Host(), X, A, 1.0, true),
+                      Catch::Contains("kdist::factor_product") && Catch::Contains("'A[0]' (3 x 3)") &&
+                          Catch::Contains("'acts' (8 x 3)") && Catch::Contains("4 x 4"));
+}
+
+template <class T>
+void check_inverse(int n, kdist::InverseMethod method) {
+  std::mt19937_64 rng(1000 + n);
+  const bool dbl = std::is_same<T, double>::value;
+  // cond(A + gamma I) <= 1e4 (double) or 1e2 (float).
+  const double lo = dbl ? 1e-4 : 1e-2, gamma = dbl ? 1e-4 : 1e-3;
+  const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, lo), rng));
+  auto A = to_view<T>(a, n, "A");
+  auto A_before = to_view<T>(a, n, "A_before");
+  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
+  kdist::spd_inverse(Host(), A, gamma, inv, method);
+  const double res = kdist_test::identity_residual(a, static_cast<double>(static_cast<T>(gamma)), to_dense(inv), n);
+  INFO("n " << n << (dbl ? " double" : " float") << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
+  CHECK(res <= (dbl ? 1e-10 : 1e-4));
+  CHECK(std::memcmp(A.data(), A_before.data(), sizeof(T) * n * n) == 0);
+  bool symmetric = true;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) symmetric = symmetric && inv(i, j) == inv(j, i);
+  CHECK(symmetric);
+}
+
+TEMPLATE_TEST_CASE("spd_inverse: (A + gamma I) inv = I", "[core][inverse]", float, double) {
+  for (int n : {1, 2, 3, 17, 64, 128, 257, 512}) check_inverse<TestType>(n, kdist::InverseMethod::cholesky);
+  for (int n : {1, 5, 64, 200}) check_inverse<TestType>(n, kdist::InverseMethod::eigen);
+}
+
+TEST_CASE("spd_inverse: eigen method agrees with Cholesky", "[core][inverse]") {
+  std::mt19937_64 rng(3);
+  for (int n : {4, 33, 256}) {
+    const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 10.0, 1e-2), rng);
+    auto A = to_view<double>(a, n, "A");
+    Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> c("c", n, n), e("e", n, n);
+    kdist::spd_inverse(Host(), A, 1e-2, c, kdist::InverseMethod::cholesky);
+    kdist::spd_inverse(Host(), A, 1e-2, e, kdist::InverseMethod::eigen);
+    double diff = 0, mx = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        diff = std::max(diff, std::abs(c(i, j) - e(i, j)));
+        mx = std::max(mx, std::abs(c(i, j)));
+      }
+    INFO("n " << n);
+    CHECK(diff <= 1e-10 * mx);
+  }
+}
+
+TEST_CASE("symmetric_eigen returns the spectrum and orthonormal vectors", "[core][inverse]") {
+  std::mt19937_64 rng(5);
+  const int n = 40;
+  auto spec = kdist_test::geometric_spectrum(n, 3.0, 0.01);
+  const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
+  auto A = to_view<double>(a, n, "A");
+  Kokkos::View<double*, Kokkos::HostSpace> w("w", n);
+  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> Q("Q", n, n);
+  kdist::symmetric_eigen(Host(), A, w, Q);
+  std::sort(spec.begin(), spec.end());
+  double err = 0;
+  for (int i = 0; i < n; ++i) err = std::max(err, std::abs(w(i) - spec[i]));
+  CHECK(err < 1e-12);
+  // A q_j = w_j q_j
+  double res = 0;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < n; ++i) {
+      double s = 0;
+      for (int k = 0; k < n; ++k) s += a[i * n + k] * Q(k, j);
+      res = std::max(res, std::abs(s - w(j) * Q(i, j)));
+    }
+  CHECK(res < 1e-12);
+}
+
+TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalError, input unchanged",
+                   "[core][inverse][errors]", float, double) {
+  using T = TestType;
+  std::mt19937_64 rng(9);
+  const int n = 24;
+  auto spec = kdist_test::geometric_spectrum(n, 1.0, 0.1);
+  spec[n / 2] = -1.0;  // indefinite even after damping 0.1
+  const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
+  for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+    auto A = to_view<T>(a, n, "G[2]");
+    auto before = to_view<T>(a, n, "before");
+    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
+    try {
+      kdist::spd_inverse(Host(), A, 0.1, inv, method);
+      FAIL("an indefinite matrix was inverted");
+    } catch (const kdist::NumericalError& e) {
+      CHECK(e.dim() == n);
+      CHECK(e.damping() == 0.1);
+      CHECK_THAT(e.what(), Catch::Contains("kdist::spd_inverse") && Catch::Contains("not positive definite") &&
+                               Catch::Contains("dimension 24") && Catch::Contains("damping 0.1"));
+      if (method == kdist::InverseMethod::cholesky) CHECK(e.info() > 0);
+    }
+    CHECK(std::memcmp(A.data(), before.data(), sizeof(T) * n * n) == 0);
+
+    // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must catch it before LAPACK.
+    auto B = to_view<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng), n, "A[7]");
+    B(3, 5) = std::numeric_limits<T>::quiet_NaN();
+    B(20, 1) = std::numeric_limits<T>::infinity();
+    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> B_before("B_before", n, n);
+    Kokkos::deep_copy(B_before, B);
+    try {
+      kdist::spd_inverse(Host(), B, 1e-3, inv, method);
+      FAIL("a non-finite matrix was inverted");
+    } catch (const kdist::NumericalError& e) {
+      CHECK(e.info() == 0);
+      CHECK_THAT(e.what(), Catch::Contains("non-finite input") && Catch::Contains("2 NaN/Inf") &&
+                               Catch::Contains("'A[7]'") && Catch::Contains("dimension 24"));
+    }
+    CHECK(std::memcmp(B.data(), B_before.data(), sizeof(T) * n * n) == 0);
+  }
+}
+
+TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][errors]") {
+  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", 3, 3), B("B", 4, 4), R("R", 3, 4);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(Host(), A, 0.0, A), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, 0.0, B),
+                      Catch::Contains("'B' (4 x 4)") && Catch::Contains("'A' (3 x 3)"));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), R, 0.0, B), Catch::Contains("must be square"));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, std::nan(""),
+                                         Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace>("C", 3, 3)),
+                      Catch::Contains("non-finite damping"));
+}
+
+TEST_CASE("estimate_clock_offset recovers a known offset within its bound", "[core][timer]") {
+  const double true_offset = 5.25;
+  // Local send at t, remote reads its clock after delay d1, reply arrives after d2.
+  std::vector<kdist::ClockSample> samples;
+  const double delays[][2] = {{3e-3, 1e-3}, {2e-4, 9e-4}, {5e-5, 4e-5}, {1e-2, 2e-3}};
+  double t = 100.0;
+  for (const auto& d : delays) {
+    samples.push_back({t, t + d[0] + true_offset, t + d[0] + d[1]});
+    t += 1.0;
+  }
+  const kdist::ClockOffset est = kdist::estimate_clock_offset(samples);
+  CHECK(std::abs(est.offset - true_offset) <= est.uncertainty + 1e-12);
+  CHECK(est.uncertainty == Approx(0.5 * (5e-5 + 4e-5)));
+  REQUIRE_THROWS_AS(kdist::estimate_clock_offset({}), kdist::InvalidArgument);
+  REQUIRE_THROWS_AS(kdist::estimate_clock_offset({{1.0, 0.0, 0.5}}), kdist::InvalidArgument);
+}
+
+TEST_CASE("Clock gives iteration-relative, offset-shifted time", "[core][timer]") {
+  kdist::Clock clock;
+  clock.set_offset(10.0);
+  const double local = kdist::Clock::local_now();
+  CHECK(clock.now() >= local + 10.0);
+  clock.start_iteration();
+  CHECK(clock.iteration() == 0);
+  CHECK(clock.since_iteration() >= 0.0);
+  CHECK(clock.to_global(1.0) == 11.0);
+}
+
+TEST_CASE("Timeline writes Chrome trace-event JSON", "[core][timeline]") {
+  kdist::Clock clock;
+  clock.set_offset(2.0);
+  kdist::Timeline tl(3, &clock);
+  const int fwd = tl.track("forward");
+  const int comm = tl.track("factor allreduce");
+  CHECK(tl.track("forward") == fwd);
+  tl.record(fwd, "layer 0", 1.0, 1.5);  // disabled: ignored
+  { kdist::Timeline::Scope s(tl, comm, "ignored"); }
+  CHECK(tl.size() == 0);
+  tl.enable();
+  tl.record(fwd, "layer 0", 1.0, 1.5);
+  { kdist::Timeline::Scope s(tl, comm, "A[0] + A[1]"); }
+  REQUIRE(tl.size() == 2);
+  REQUIRE_THROWS_AS(tl.record(9, "bad", 0, 1), kdist::InvalidArgument);
+  const auto doc = nlohmann::json::parse(tl.to_json());
+  int complete = 0;
+  for (const auto& e : doc.at("traceEvents")) {
+    CHECK(e.at("pid") == 3);
+    if (e.at("ph") == "X") {
+      ++complete;
+      if (e.at("name") == "layer 0") {
+        CHECK(e.at("tid") == fwd);
+        CHECK(e.at("ts").get<double>() == Approx(3.0e6));
+        CHECK(e.at("dur").get<double>() == Approx(0.5e6));
+      } else {
+        CHECK(e.at("name") == "A[0] + A[1]");
+        CHECK(e.at("tid") == comm);
+        CHECK(e.at("dur").get<double>() >= 0.0);
+      }
+    }
+  }
+  CHECK(complete == 2);
+  const auto merged = nlohmann::json::parse(kdist::Timeline::merge({tl.to_json(), tl.to_json()}));
+  CHECK(merged.at("traceEvents").size() == 2 * doc.at("traceEvents").size());
+  REQUIRE_THROWS_WITH(tl.write("/nonexistent-dir/trace.json"), Catch::Contains("/nonexistent-dir/trace.json"));
+}

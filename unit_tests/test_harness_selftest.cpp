@@ -1,0 +1,26 @@
+// Self-tests of the MPI test harness. Every test here is meant to FAIL (ctest WILL_FAIL), and
+// check_selftest.cmake also checks how: prefixes, every rank failing, and no hang.
+#include <mpi.h>
+#include <catch2/catch.hpp>
+
+TEST_CASE("selftest: fails only on the last rank", "[selftest][last-rank]") {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(rank != size - 1);
+  int one = 1, sum = 0;  // the other ranks go on to a collective: the CHECK failure must not hang it
+  MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(sum == size);
+}
+
+TEST_CASE("selftest: fails in the middle of a collective", "[selftest][collective]") {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // The last rank leaves the test case; the others block in MPI_Allreduce forever unless the
+  // harness aborts.
+  REQUIRE(rank != size - 1);
+  int one = 1, sum = 0;
+  MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(sum == size);
+}
