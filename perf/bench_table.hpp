@@ -1,0 +1,70 @@
+// Output of every kdist benchmark: one row per size, first column the size, last column the
+// ratio to the baseline measured in the same run; printed as an aligned table and, with
+// --json FILE, written as {"benchmark", "columns", "rows", "context"}.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kdist_bench {
+
+class Table {
+ public:
+  Table(std::string name, std::vector<std::string> columns) : name_(std::move(name)), columns_(std::move(columns)) {}
+
+  /// Free-form facts about the run (threads, ranks, settings) stored with the rows.
+  void context(const std::string& key, const nlohmann::json& value) { context_[key] = value; }
+
+  void print_header() const {
+    for (const auto& c : columns_) std::printf("%14s ", c.c_str());
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  /// Adds a row (values in column order) and prints it at once.
+  void row(const std::vector<nlohmann::json>& values) {
+    if (values.size() != columns_.size()) throw std::logic_error("bench row has the wrong number of columns");
+    nlohmann::json r = nlohmann::json::object();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      r[columns_[i]] = values[i];
+      const auto& v = values[i];
+      if (v.is_number_float())
+        std::printf("%14.4g ", v.get<double>());
+      else if (v.is_number())
+        std::printf("%14lld ", v.get<long long>());
+      else
+        std::printf("%14s ", v.get<std::string>().c_str());
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    rows_.push_back(std::move(r));
+  }
+
+  void write_json(const std::string& path) const {
+    if (path.empty()) return;
+    std::ofstream out(path);
+    if (!out) throw std::runtime_error("cannot write '" + path + "'");
+    out << nlohmann::json{{"benchmark", name_}, {"columns", columns_}, {"rows", rows_}, {"context", context_}}.dump(1)
+        << '\n';
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string> columns_;
+  std::vector<nlohmann::json> rows_;
+  nlohmann::json context_ = nlohmann::json::object();
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace kdist_bench
