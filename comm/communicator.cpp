@@ -1,0 +1,127 @@
+#include <kdist/comm/communicator.hpp>
+#include <kdist/core/error.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kdist {
+namespace comm {
+
+namespace impl {
+void check_mpi(int rc, const char* call, int rank) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw BackendError(std::string("kdist::comm: ") + call + " failed on rank " + std::to_string(rank) + ": " +
+                     std::string(text, static_cast<std::size_t>(len)));
+}
+}  // namespace impl
+
+namespace {
+const char* level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "unknown";
+  }
+}
+std::shared_ptr<MPI_Comm> owned(MPI_Comm c) {
+  return std::shared_ptr<MPI_Comm>(new MPI_Comm(c), [](MPI_Comm* p) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && *p != MPI_COMM_NULL) MPI_Comm_free(p);
+    delete p;
+  });
+}
+}  // namespace
+
+void require_thread_level(int level, const char* who) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw Error(std::string(who) + ": MPI is not initialised (kdist never initialises it)");
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < level)
+    throw Error(std::string(who) + ": needs MPI thread level " + level_name(level) + ", MPI provides " +
+                level_name(provided) + "; initialise MPI with MPI_Init_thread(" + level_name(level) + ")");
+}
+
+Communicator::Communicator(MPI_Comm comm, std::string kind) : kind_(std::move(kind)) {
+  // The engine calls MPI only from the caller's thread; FUNNELED is the least it needs.
+  require_thread_level(MPI_THREAD_FUNNELED, "kdist::comm::Communicator");
+  MPI_Comm dup = MPI_COMM_NULL;
+  int world_rank = 0;
+  MPI_Comm_rank(comm, &world_rank);
+  impl::check_mpi(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup", world_rank);
+  comm_ = owned(dup);
+  MPI_Comm_rank(dup, &rank_);
+  MPI_Comm_size(dup, &size_);
+}
+
+Communicator::Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind)
+    : comm_(std::move(comm)), kind_(std::move(kind)) {
+  MPI_Comm_rank(*comm_, &rank_);
+  MPI_Comm_size(*comm_, &size_);
+}
+
+int Communicator::node_color(int node_size, int* local_rank, int* local_size) const {
+  if (node_size > 0) {
+    if (size_ % node_size != 0)
+      throw InvalidArgument("kdist::comm::Communicator::node: imposed node size " + std::to_string(node_size) +
+                            " does not divide the communicator size " + std::to_string(size_) + " (rank " +
+                            std::to_string(rank_) + ")");
+    *local_rank = rank_ % node_size;
+    *local_size = node_size;
+    return rank_ / node_size;
+  }
+  MPI_Comm shm = MPI_COMM_NULL;
+  impl::check_mpi(MPI_Comm_split_type(*comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shm), "MPI_Comm_split_type",
+                  rank_);
+  MPI_Comm_rank(shm, local_rank);
+  MPI_Comm_size(shm, local_size);
+  // Node id: the lowest communicator rank on the node.
+  int leader = rank_;
+  MPI_Allreduce(&rank_, &leader, 1, MPI_INT, MPI_MIN, shm);
+  MPI_Comm_free(&shm);
+  return leader;
+}
+
+Communicator Communicator::node(int node_size) const {
+  int local_rank = 0, local_size = 0;
+  const int color = node_color(node_size, &local_rank, &local_size);
+  MPI_Comm c = MPI_COMM_NULL;
+  impl::check_mpi(MPI_Comm_split(*comm_, color, rank_, &c), "MPI_Comm_split", rank_);
+  return Communicator(owned(c), "node");
+}
+
+Communicator Communicator::cross_node(int node_size) const {
+  int local_rank = 0, local_size = 0;
+  node_color(node_size, &local_rank, &local_size);
+  int min_size = local_size, max_size = local_size;
+  MPI_Allreduce(&local_size, &min_size, 1, MPI_INT, MPI_MIN, *comm_);
+  MPI_Allreduce(&local_size, &max_size, 1, MPI_INT, MPI_MAX, *comm_);
+  if (min_size != max_size)
+    throw InvalidArgument("kdist::comm::Communicator::cross_node: nodes have unequal sizes (" +
+                          std::to_string(min_size) + " to " + std::to_string(max_size) + " ranks; rank " +
+                          std::to_string(rank_) + " is on a node of " + std::to_string(local_size) + ")");
+  MPI_Comm c = MPI_COMM_NULL;
+  impl::check_mpi(MPI_Comm_split(*comm_, local_rank, rank_, &c), "MPI_Comm_split", rank_);
+  return Communicator(owned(c), "cross-node");
+}
+
+void Communicator::require_size(int expected, const char* operation) const {
+  if (size_ != expected)
+    throw InvalidArgument(std::string(operation) + ": needs " + std::to_string(expected) + " ranks, communicator '" +
+                          kind_ + "' has " + std::to_string(size_) + " (rank " + std::to_string(rank_) + ")");
+}
+
+}  // namespace comm
+}  // namespace kdist

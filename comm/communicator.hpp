@@ -1,0 +1,57 @@
+// Communicator: kdist's handle on a group of ranks. It owns a duplicate of the user's MPI
+// communicator (kdist never talks on the user's communicator or MPI_COMM_WORLD) and derives
+// node-local and cross-node communicators, optionally with an imposed node size so that one
+// machine can emulate N nodes of k ranks. On NCCL builds it also owns an NCCL communicator
+// bootstrapped over MPI (see comm/impl/nccl_backend.hpp).
+#pragma once
+
+#include <mpi.h>
+#include <kdist/config.hpp>
+
+#include <memory>
+#include <string>
+
+namespace kdist {
+namespace comm {
+
+/// Throws kdist::Error naming `who` and the levels unless MPI is initialised with at least `level`.
+void require_thread_level(int level, const char* who);
+
+class Communicator {
+ public:
+  /// Duplicates `comm` (collective over it). `kind` names it in cost models and messages.
+  explicit Communicator(MPI_Comm comm, std::string kind = "world");
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& kind() const noexcept { return kind_; }
+  /// kdist's private duplicate (use it to build schedules; never free it).
+  MPI_Comm raw() const noexcept { return *comm_; }
+
+  /// Ranks on the same node. With node_size > 0 nodes are imposed: consecutive blocks of
+  /// node_size ranks; size() must be a multiple of node_size. Otherwise MPI_Comm_split_type
+  /// (shared memory). Collective.
+  Communicator node(int node_size = 0) const;
+  /// Ranks with the same position inside their node, one per node (the cross-node ring).
+  /// Throws if nodes have unequal sizes. Collective.
+  Communicator cross_node(int node_size = 0) const;
+
+  /// Throws kdist::InvalidArgument unless size() == expected, naming `operation`.
+  void require_size(int expected, const char* operation) const;
+
+ private:
+  Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind);
+  int node_color(int node_size, int* local_rank, int* local_size) const;
+  std::shared_ptr<MPI_Comm> comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string kind_;
+};
+
+namespace impl {
+/// Throws kdist::BackendError naming the MPI call, the error string and the rank.
+void check_mpi(int rc, const char* call, int rank);
+}  // namespace impl
+
+}  // namespace comm
+}  // namespace kdist
