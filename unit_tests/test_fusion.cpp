@@ -1,0 +1,189 @@
+// comm/: fusion planners against exhaustive search, fused == unfused all-reduce, cost models.
+#include <catch2/catch.hpp>
+#include <kdist/comm/cost_model.hpp>
+#include <kdist/comm/fused_allreducer.hpp>
+
+#include <cstdio>
+#include <random>
+
+using namespace kdist::comm;
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+namespace {
+std::vector<FusionTensor> random_instance(std::mt19937_64& rng, int n) {
+  std::uniform_int_distribution<int> size(1, 4000);
+  std::exponential_distribution<double> gap(1.0 / 2e-4);
+  std::vector<FusionTensor> t(static_cast<std::size_t>(n));
+  double r = 0;
+  for (auto& x : t) {
+    r += gap(rng);
+    x = {static_cast<std::size_t>(size(rng)) * 256, r};
+  }
+  return t;
+}
+double exhaustive_best(const std::vector<FusionTensor>& t, const CostFunction& c) {
+  const int n = static_cast<int>(t.size());
+  double best = 1e300;
+  for (unsigned mask = 0; mask < (1u << (n - 1)); ++mask) {  // bit k set: split after tensor k
+    FusionPlan p;
+    for (int k = 0; k < n - 1; ++k)
+      if (mask & (1u << k)) p.group_end.push_back(k + 1);
+    p.group_end.push_back(n);
+    best = std::min(best, plan_finish_time(t, p, c));
+  }
+  return best;
+}
+}  // namespace
+
+TEST_CASE("optimal planner equals exhaustive search and never loses to the baselines", "[comm][fusion]") {
+  std::mt19937_64 rng(2024);
+  const CostModel c = CostModel::linear(50e-6, 1.0 / 2e9);
+  int strictly_better = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int n = 1 + trial % 12;
+    const auto t = random_instance(rng, n);
+    const double opt = plan_finish_time(t, plan_optimal(t, c), c);
+    CHECK(opt == Approx(exhaustive_best(t, c)).epsilon(1e-12));
+    const double mg = plan_finish_time(t, plan_mgwfbp(t, c, c(0.0)), c);
+    const double th = plan_finish_time(t, plan_threshold(t, 64u << 20), c);
+    const double none = plan_finish_time(t, plan_none(n), c);
+    CHECK(opt <= mg + 1e-15);
+    CHECK(opt <= th + 1e-15);
+    CHECK(opt <= none + 1e-15);
+    CHECK(opt >= finish_time_lower_bound(t, c) - 1e-15);
+    if (opt < mg * (1 - 1e-9) && opt < th * (1 - 1e-9)) ++strictly_better;
+  }
+  CHECK(strictly_better >= 1);
+}
+
+TEST_CASE("a fixed instance where the optimal plan strictly beats MG-WFBP and the threshold", "[comm][fusion]") {
+  // alpha = 1, beta = 1 per byte. A large tensor ready first, then two small ones. MG-WFBP merges
+  // the second small one's predecessor into the large one's call (the gap 0.5 is below alpha) and
+  // finishes at 16; the threshold plan waits for everything (16.5); the optimum sends the large
+  // tensor alone at once and the two small ones together: 15.5.
+  const CostModel c = CostModel::linear(1.0, 1.0);
+  const std::vector<FusionTensor> t = {{10, 1.5}, {1, 2.0}, {1, 3.5}};
+  const double opt = plan_finish_time(t, plan_optimal(t, c), c);
+  const double mg = plan_finish_time(t, plan_mgwfbp(t, c, 1.0), c);
+  const double th = plan_finish_time(t, plan_threshold(t, 1000), c);
+  CHECK(plan_optimal(t, c).group_end == std::vector<int>{1, 3});
+  CHECK(plan_mgwfbp(t, c, 1.0).group_end == std::vector<int>{2, 3});
+  CHECK(opt == Approx(15.5));
+  CHECK(mg == Approx(16.0));
+  CHECK(th == Approx(16.5));
+}
+
+TEST_CASE("planner basics", "[comm][fusion]") {
+  const std::vector<FusionTensor> t = {{100, 0}, {200, 0}, {50, 0}, {400, 0}, {10, 0}};
+  CHECK(plan_none(5).group_end == std::vector<int>{1, 2, 3, 4, 5});
+  CHECK(plan_threshold(t, 300).group_end == std::vector<int>{2, 3, 4, 5});
+  CHECK(plan_threshold(t, 300).group_of(2) == 1);
+  CHECK(plan_threshold(t, 10000).groups() == 1);
+}
+
+TEST_CASE("fit_alpha_beta recovers alpha and beta within 5 %", "[comm][cost]") {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> noise(0.0, 0.02);
+  const double alpha = 25e-6, beta = 1.0 / 3e9;
+  std::vector<double> x, t;
+  for (double b = 4; b <= 64.0 * (1 << 20); b *= 2) {
+    x.push_back(b);
+    t.push_back((alpha + beta * b) * (1.0 + noise(rng)));
+  }
+  const AlphaBeta ab = fit_alpha_beta(x, t);
+  CHECK(std::abs(ab.alpha / alpha - 1) < 0.05);
+  CHECK(std::abs(ab.beta / beta - 1) < 0.05);
+  REQUIRE_THROWS_AS(fit_alpha_beta({1.0}, {1.0}), kdist::InvalidArgument);
+}
+
+TEST_CASE("CostModel table is monotone, interpolates, and round-trips through JSON", "[comm][cost]") {
+  const CostModel m = CostModel::from_measurements({1000, 10, 100}, {3e-6, 2e-6, 1e-6});  // dip at 100
+  CHECK(m.x() == std::vector<double>{10, 100, 1000});
+  CHECK(m.t() == std::vector<double>{2e-6, 2e-6, 3e-6});
+  CHECK(m.time(100) == 2e-6);
+  CHECK(m.time(500) > 2e-6);
+  CHECK(m.time(500) < 3e-6);
+  CHECK(m.time(1e9) >= 3e-6);
+  for (double b = 1; b < 1e6; b *= 1.7) CHECK(m.time(b) <= m.time(b * 1.7));
+  CostModelStore store;
+  store.set({"allreduce", "float32", 2, "world"}, m);
+  const std::string path = "kdist_cost_model_test.json";
+  store.save(path);
+  const CostModelStore back = CostModelStore::load(path);
+  CHECK(back.has({"allreduce", "float32", 2, "world"}));
+  CHECK(back.get({"allreduce", "float32", 2, "world"}).time(500) == Approx(m.time(500)));
+  CHECK(back.get({"spd_inverse", "float64", 1, "local"}).time(1e9) == Approx(0.1));  // stated default
+  REQUIRE_THROWS_WITH(CostModelStore::load("/no/such/file.json"), Catch::Contains("/no/such/file.json"));
+  std::remove(path.c_str());
+}
+
+TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner", "[comm][fusion][mpi]", float,
+                   double) {
+  using T = TestType;
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  using FA = FusedAllreducer<T>;
+  // Flat tensors from 1 to 1e6 elements and packed symmetric ones.
+  std::vector<typename FA::Tensor> specs = {{"g0", 1, false},  {"A0", 7, true},        {"g1", 1000, false},
+                                            {"G0", 33, true},  {"g2", 1000000, false}, {"g3", 3, false},
+                                            {"A1", 128, true}, {"g4", 50000, false}};
+  std::vector<FusionTensor> sizes;
+  for (std::size_t i = 0; i < specs.size(); ++i) sizes.push_back({specs[i].elements() * sizeof(T), 1e-4 * i});
+  const CostModel cost = CostModel::linear(30e-6, 1.0 / 2e9);
+  for (Planner pl : {Planner::none, Planner::threshold, Planner::mgwfbp, Planner::optimal}) {
+    PlannerOptions opt;
+    opt.planner = pl;
+    opt.threshold_bytes = 64 * 1024;
+    const FusionPlan plan = decide_plan_on_root(world, sizes, cost, opt);
+    FA fused(eng, specs, plan, FA::sum());
+    std::vector<typename FA::Vector> flat(specs.size());
+    std::vector<typename FA::Symmetric> sym(specs.size());
+    const long long calls_before = eng.stats().collective_calls;
+    fused.begin();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].symmetric) {
+        const int d = static_cast<int>(specs[i].dim);
+        sym[i] = typename FA::Symmetric(specs[i].label, d, d);
+        for (int a = 0; a < d; ++a)
+          for (int b = a; b < d; ++b) sym[i](a, b) = sym[i](b, a) = static_cast<T>((me + 1) * (a + 2 * b) % 13);
+        fused.ready(static_cast<int>(i), sym[i]);
+      } else {
+        flat[i] = typename FA::Vector(specs[i].label, specs[i].dim);
+        for (std::size_t k = 0; k < specs[i].dim; ++k) flat[i](k) = static_cast<T>((me + 1) * ((k + i) % 11));
+        fused.ready(static_cast<int>(i), flat[i]);
+      }
+    }
+    fused.wait();
+    INFO("planner " << to_string(pl) << " groups " << plan.groups());
+    CHECK(eng.stats().collective_calls - calls_before == plan.groups());
+    const double tri = P * (P + 1) / 2.0;  // sum over ranks of (rank + 1)
+    bool ok = true;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].symmetric) {
+        const int d = static_cast<int>(specs[i].dim);
+        for (int a = 0; a < d; ++a)
+          for (int b = 0; b < d; ++b) {
+            double ref = 0;
+            for (int r = 0; r < P; ++r) ref += (r + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13;
+            ok = ok && static_cast<double>(sym[i](a, b)) == ref;
+          }
+      } else {
+        for (std::size_t k = 0; k < specs[i].dim; ++k)
+          ok = ok && static_cast<double>(flat[i](k)) == tri * ((k + i) % 11);
+      }
+    }
+    CHECK(ok);
+  }
+}
+
+TEST_CASE("FusedAllreducer rejects out-of-order and mis-sized tensors", "[comm][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  using FA = FusedAllreducer<double>;
+  FA fused(eng, {{"a", 4, false}, {"b", 5, false}}, plan_none(2));
+  fused.begin();
+  FA::Vector b("b", 5), a("a", 3);
+  REQUIRE_THROWS_WITH(fused.ready(1, b), Catch::Contains("out of order") && Catch::Contains("expected 0"));
+  REQUIRE_THROWS_WITH(fused.ready(0, a), Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
+}
