@@ -12,6 +12,9 @@
 #include "../core/impl/blas_host.hpp"
 #include "../core/impl/cusolver_backend.hpp"
 #include "../core/impl/lapack_host.hpp"
+#if KDIST_COMPILE_CHECK_NCCL
+#include "../comm/impl/nccl_backend.hpp"
+#endif
 
 namespace cs = kdist::impl::cusolver;
 namespace host = kdist::impl::host;
@@ -105,6 +108,38 @@ int smoke_syevd(int d) {
   return info == 0 && err < 1e-3 * d ? 0 : 1;
 }
 
+#if KDIST_COMPILE_CHECK_NCCL
+// One-rank NCCL all-reduce (sum and average) and a self send/recv through kdist's NCCL unit.
+int smoke_nccl() {
+  namespace nc = kdist::comm::nccl;
+  const std::size_t n = 1 << 20;
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 97);
+  cudaStream_t stream;
+  SMOKE_CUDA(cudaStreamCreate(&stream));
+  float *a = nullptr, *b = nullptr;
+  SMOKE_CUDA(cudaMalloc(&a, n * sizeof(float)));
+  SMOKE_CUDA(cudaMalloc(&b, n * sizeof(float)));
+  SMOKE_CUDA(cudaMemcpy(a, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  nc::Comm comm(nc::make_unique_id(), 1, 0);
+  comm.allreduce(a, b, n, nc::DType::float32, nc::Reduce::sum, stream);
+  comm.group_start();
+  comm.send(b, n, nc::DType::float32, 0, stream);
+  comm.recv(a, n, nc::DType::float32, 0, stream);
+  comm.group_end();
+  SMOKE_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> back(n);
+  SMOKE_CUDA(cudaMemcpy(back.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
+  bool ok = true;
+  for (std::size_t i = 0; i < n; ++i) ok = ok && back[i] == host[i];
+  std::printf("nccl one-rank allreduce + self send/recv of %zu floats: %s\n", n, ok ? "ok" : "MISMATCH");
+  cudaFree(a);
+  cudaFree(b);
+  cudaStreamDestroy(stream);
+  return ok ? 0 : 1;
+}
+#endif
+
 int main() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -120,6 +155,9 @@ int main() {
   }
   failures += smoke_syevd<double>(256);
   failures += smoke_syevd<float>(256);
+#if KDIST_COMPILE_CHECK_NCCL
+  failures += smoke_nccl();
+#endif
   std::printf("gpu_smoke: %s\n", failures ? "FAILED" : "all ok");
   return failures ? 1 : 0;
 }

@@ -1,0 +1,78 @@
+#include "nccl_backend.hpp"
+
+#include <nccl.h>
+#include <kdist/core/error.hpp>
+
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#define KDIST_NCCL_CHECK(expr)                                                                     \
+  do {                                                                                             \
+    const ncclResult_t kdist_rc_ = (expr);                                                         \
+    if (kdist_rc_ != ncclSuccess) ::kdist::comm::nccl::fail(#expr, __FILE__, __LINE__, kdist_rc_); \
+  } while (0)
+
+namespace kdist {
+namespace comm {
+namespace nccl {
+
+[[noreturn]] void fail(const char* expr, const char* file, int line, ncclResult_t rc) {
+  std::ostringstream os;
+  os << "NCCL call failed: " << expr << " returned " << static_cast<int>(rc) << " (" << ncclGetErrorString(rc)
+     << ") at " << file << ":" << line;
+  throw BackendError(os.str());
+}
+
+namespace {
+ncclDataType_t to_nccl(DType d) {
+  return d == DType::float32 ? ncclFloat32 : ncclFloat64;
+}
+}  // namespace
+
+struct Comm::Impl {
+  ncclComm_t comm = nullptr;
+};
+
+UniqueId make_unique_id() {
+  static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "ncclUniqueId is 128 bytes");
+  ncclUniqueId id;
+  KDIST_NCCL_CHECK(ncclGetUniqueId(&id));
+  UniqueId out;
+  std::memcpy(out.data(), &id, sizeof(id));
+  return out;
+}
+
+Comm::Comm(const UniqueId& id, int nranks, int rank) : impl_(new Impl), rank_(rank), size_(nranks) {
+  ncclUniqueId nid;
+  std::memcpy(&nid, id.data(), sizeof(nid));
+  KDIST_NCCL_CHECK(ncclCommInitRank(&impl_->comm, nranks, nid, rank));
+}
+
+Comm::~Comm() {
+  if (impl_ && impl_->comm) ncclCommDestroy(impl_->comm);
+}
+
+void Comm::allreduce(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream) {
+  KDIST_NCCL_CHECK(
+      ncclAllReduce(send, recv, count, to_nccl(dtype), op == Reduce::sum ? ncclSum : ncclAvg, impl_->comm, stream));
+}
+void Comm::broadcast(void* buffer, std::size_t count, DType dtype, int root, cudaStream_t stream) {
+  KDIST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, to_nccl(dtype), root, impl_->comm, stream));
+}
+void Comm::send(const void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream) {
+  KDIST_NCCL_CHECK(ncclSend(buffer, count, to_nccl(dtype), peer, impl_->comm, stream));
+}
+void Comm::recv(void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream) {
+  KDIST_NCCL_CHECK(ncclRecv(buffer, count, to_nccl(dtype), peer, impl_->comm, stream));
+}
+void Comm::group_start() {
+  KDIST_NCCL_CHECK(ncclGroupStart());
+}
+void Comm::group_end() {
+  KDIST_NCCL_CHECK(ncclGroupEnd());
+}
+
+}  // namespace nccl
+}  // namespace comm
+}  // namespace kdist
