@@ -20,7 +20,11 @@ class Table {
   /// Free-form facts about the run (threads, ranks, settings) stored with the rows.
   void context(const std::string& key, const nlohmann::json& value) { context_[key] = value; }
 
+  /// Ranks other than 0 of an MPI benchmark keep their rows silent.
+  void set_print(bool on) { print_ = on; }
+
   void print_header() const {
+    if (!print_) return;
     for (const auto& c : columns_) std::printf("%14s ", c.c_str());
     std::printf("\n");
     std::fflush(stdout);
@@ -32,6 +36,7 @@ class Table {
     nlohmann::json r = nlohmann::json::object();
     for (std::size_t i = 0; i < values.size(); ++i) {
       r[columns_[i]] = values[i];
+      if (!print_) continue;
       const auto& v = values[i];
       if (v.is_number_float())
         std::printf("%14.4g ", v.get<double>());
@@ -40,7 +45,7 @@ class Table {
       else
         std::printf("%14s ", v.get<std::string>().c_str());
     }
-    std::printf("\n");
+    if (print_) std::printf("\n");
     std::fflush(stdout);
     rows_.push_back(std::move(r));
   }
@@ -57,6 +62,7 @@ class Table {
   std::string name_;
   std::vector<std::string> columns_;
   std::vector<nlohmann::json> rows_;
+  bool print_ = true;
   nlohmann::json context_ = nlohmann::json::object();
 };
 

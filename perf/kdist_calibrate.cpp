@@ -1,0 +1,61 @@
+// Writes the cost-model calibration file the planners and placement read:
+//   mpiexec -n P kdist_calibrate --out costs.json [--max-bytes N] [--reps R] [--inverse-max-d D]
+#include <CLI/CLI.hpp>
+#include <kdist/comm/cost_model.hpp>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard guard(argc, argv);
+    CLI::App app{"kdist cost-model calibration"};
+    std::string out = "kdist_costs.json";
+    kdist::comm::CalibrationOptions opt;
+    int inverse_max_d = 8192;
+    double budget = 60.0;
+    app.add_option("--out", out, "calibration file to write (merged with an existing one)");
+    app.add_option("--max-bytes", opt.max_bytes, "largest message (bytes)");
+    app.add_option("--reps", opt.repeats, "timed repeats per size (median of max over ranks)");
+    app.add_option("--inverse-max-d", inverse_max_d, "largest SPD inverse dimension (0: skip)");
+    app.add_option("--inverse-budget", budget, "seconds the inverse calibration may take");
+    try {
+      app.parse(argc, argv);
+      kdist::comm::Communicator world(MPI_COMM_WORLD);
+      kdist::comm::Engine engine(world);
+      kdist::comm::CostModelStore store;
+      if (std::FILE* f = std::fopen(out.c_str(), "r")) {
+        std::fclose(f);
+        store = kdist::comm::CostModelStore::load(out);
+      }
+      for (auto op : {kdist::comm::OpKind::allreduce, kdist::comm::OpKind::broadcast})
+        for (auto dt : {kdist::comm::DType::float32, kdist::comm::DType::float64}) {
+          const auto m = kdist::comm::calibrate_collective(engine, op, dt, opt);
+          store.set({kdist::comm::to_string(op), kdist::comm::to_string(dt), world.size(), world.kind()}, m);
+          if (world.rank() == 0)
+            std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::comm::to_string(op),
+                        kdist::comm::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
+        }
+      if (inverse_max_d > 0) {
+        const auto m = kdist::comm::calibrate_inverse(inverse_max_d, budget);
+        store.set({"spd_inverse", "float64", 1, "local"}, m);
+        if (world.rank() == 0)
+          std::printf("spd_inverse float64: t = %.3g + %.3g d^3 s (%.1f GFLOP/s), up to d = %.0f\n", m.fit().alpha,
+                      m.fit().beta, 1e-9 / m.fit().beta, std::cbrt(m.x().back()));
+      }
+      if (world.rank() == 0) {
+        store.save(out);
+        std::printf("wrote %s (%zu models)\n", out.c_str(), store.size());
+      }
+    } catch (const CLI::ParseError& e) {
+      rc = app.exit(e);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kdist_calibrate: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
