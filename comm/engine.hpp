@@ -185,6 +185,9 @@ class Engine {
   friend class Request;
   template <class V>
   static void check_view(const char* func, const V& v);
+  /// Checks both views and that `whole` holds size() blocks of `block`'s length.
+  template <class VWhole, class VBlock>
+  void check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const;
   Request enqueue(std::shared_ptr<impl::Operation> op);
   void advance(impl::Operation& op, bool& earlier_collectives_pending);
   void check_signature(impl::Operation& op);
@@ -211,6 +214,20 @@ void Engine::check_view(const char* func, const V& v) {
   static_assert(Kokkos::is_view<V>::value, "kdist::comm: argument must be a Kokkos::View");
   static_assert(compat::view_rank<V>() == 1, "kdist::comm: views must be rank 1 (flatten first)");
   if (!v.span_is_contiguous()) kdist::impl::throw_invalid(func, "view '" + v.label() + "' must be contiguous");
+}
+
+template <class VWhole, class VBlock>
+void Engine::check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const {
+  check_view(func, whole);
+  check_view(func, block);
+  static_assert(std::is_same<typename VWhole::non_const_value_type, typename VBlock::non_const_value_type>::value,
+                "kdist::comm: value types differ");
+  const std::size_t n = block.extent(0), size = static_cast<std::size_t>(comm_.size());
+  if (whole.extent(0) != n * size)
+    kdist::impl::throw_invalid(func, std::string(whole_role) + " '" + whole.label() + "' has " +
+                                         std::to_string(whole.extent(0)) + " elements, expected " + std::to_string(n) +
+                                         " x " + std::to_string(size) + " ranks (rank " + std::to_string(comm_.rank()) +
+                                         ")");
 }
 
 namespace impl {
@@ -275,17 +292,10 @@ Request Engine::broadcast(const Exec& exec, const V& v, int root, std::string la
 
 template <class Exec, class VIn, class VOut>
 Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out, ReduceOp op, std::string label) {
-  constexpr const char* func = "kdist::comm::Engine::reduce_scatter";
-  check_view(func, in);
-  check_view(func, out);
+  check_blocks("kdist::comm::Engine::reduce_scatter", in, out, "input");
   using T = typename VOut::non_const_value_type;
-  static_assert(std::is_same<typename VIn::non_const_value_type, T>::value, "kdist::comm: value types differ");
   const int size = comm_.size();
   const int n = static_cast<int>(out.extent(0));
-  if (in.extent(0) != static_cast<std::size_t>(n) * size)
-    kdist::impl::throw_invalid(func, "input '" + in.label() + "' has " + std::to_string(in.extent(0)) +
-                                         " elements, expected " + std::to_string(n) + " x " + std::to_string(size) +
-                                         " ranks (rank " + std::to_string(comm_.rank()) + ")");
   auto hin = impl::stage_in(exec, in);
   auto hout = Kokkos::create_mirror_view(out);
   MPI_Comm c = comm_.raw();
@@ -307,17 +317,9 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
 
 template <class Exec, class VIn, class VOut>
 Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std::string label) {
-  constexpr const char* func = "kdist::comm::Engine::allgather";
-  check_view(func, in);
-  check_view(func, out);
+  check_blocks("kdist::comm::Engine::allgather", out, in, "output");
   using T = typename VOut::non_const_value_type;
-  static_assert(std::is_same<typename VIn::non_const_value_type, T>::value, "kdist::comm: value types differ");
-  const int size = comm_.size();
   const int n = static_cast<int>(in.extent(0));
-  if (out.extent(0) != static_cast<std::size_t>(n) * size)
-    kdist::impl::throw_invalid(func, "output '" + out.label() + "' has " + std::to_string(out.extent(0)) +
-                                         " elements, expected " + std::to_string(n) + " x " + std::to_string(size) +
-                                         " ranks (rank " + std::to_string(comm_.rank()) + ")");
   auto hin = impl::stage_in(exec, in);
   auto hout = Kokkos::create_mirror_view(out);
   MPI_Comm c = comm_.raw();

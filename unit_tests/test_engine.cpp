@@ -211,6 +211,19 @@ TEST_CASE("overlap: operations complete while the caller computes and polls", "[
   CHECK(eng.stats().completed_before_wait >= 1);
 }
 
+TEST_CASE("block collectives reject wrongly sized views before any MPI call", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size();
+  Kokkos::View<float*, Kokkos::HostSpace> whole("grads", 4 * P + 1), block("slice", 4);
+  REQUIRE_THROWS_WITH(eng.reduce_scatter(Host(), whole, block),
+                      Catch::Contains("reduce_scatter") && Catch::Contains("input 'grads'") &&
+                          Catch::Contains("expected 4 x " + std::to_string(P)));
+  REQUIRE_THROWS_WITH(eng.allgather(Host(), block, whole),
+                      Catch::Contains("allgather") && Catch::Contains("output 'grads'"));
+  CHECK(eng.stats().operations == 0);
+}
+
 TEST_CASE("Communicator requires an initialised MPI of sufficient thread level", "[comm]") {
   REQUIRE_NOTHROW(kdist::comm::require_thread_level(MPI_THREAD_FUNNELED, "test"));
   int provided = 0;
