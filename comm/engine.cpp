@@ -71,12 +71,19 @@ Engine::~Engine() {
   }
 }
 
-Request Engine::submit(Schedule schedule, long long count, DType dtype) {
+std::shared_ptr<impl::Operation> Engine::make_op(OpKind kind, DType dtype, long long count, std::string label,
+                                                 int root) {
   auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::composite;
+  o->kind = kind;
   o->dtype = dtype;
   o->count = count;
-  o->label = schedule.label();
+  o->root = root;
+  o->label = std::move(label);
+  return o;
+}
+
+Request Engine::submit(Schedule schedule, long long count, DType dtype) {
+  auto o = make_op(OpKind::composite, dtype, count, schedule.label());
   o->schedule = std::move(schedule);
   o->tag_base = static_cast<int>(next_composite_++ % tag_ops_) * kTagsPerOp;
   for (const auto& s : o->schedule.steps())
@@ -91,7 +98,7 @@ Request Engine::submit(Schedule schedule, long long count, DType dtype) {
 Request Engine::enqueue(std::shared_ptr<impl::Operation> op) {
   if (poisoned_) std::rethrow_exception(poisoned_);
   const bool collective = op->kind != OpKind::send && op->kind != OpKind::recv;
-  for (const auto& s : op->schedule.steps()) op->collectives_left += s.collective ? 1 : 0;
+  op->collectives_left = op->schedule.collective_steps();
   ++stats_.operations;
   if (collective) {
     op->seq = next_seq_++;

@@ -188,6 +188,8 @@ class Engine {
   /// Checks both views and that `whole` holds size() blocks of `block`'s length.
   template <class VWhole, class VBlock>
   void check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const;
+  static std::shared_ptr<impl::Operation> make_op(OpKind kind, DType dtype, long long count, std::string label,
+                                                  int root = -1);
   Request enqueue(std::shared_ptr<impl::Operation> op);
   void advance(impl::Operation& op, bool& earlier_collectives_pending);
   void check_signature(impl::Operation& op);
@@ -239,9 +241,15 @@ auto stage_in(const Exec& exec, const V& v) {
   compat::fence(exec, "kdist::comm: producer done before MPI");
   return h;
 }
-template <class T>
-void scale(T* data, long long n, T factor) {
-  for (long long i = 0; i < n; ++i) data[i] *= factor;
+/// After a sum: divide by the rank count for an average, then copy the host result to `dst`.
+template <class Exec, class H, class V>
+void finish_reduction(const Exec& exec, const H& host, const V& dst, ReduceOp op, int ranks) {
+  using T = typename H::non_const_value_type;
+  if (op == ReduceOp::average) {
+    const T f = T(1) / static_cast<T>(ranks);
+    for (std::size_t i = 0; i < host.extent(0); ++i) host(i) *= f;
+  }
+  Kokkos::deep_copy(exec, dst, host);
 }
 }  // namespace impl
 
@@ -253,18 +261,11 @@ Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string
   const int n = static_cast<int>(v.extent(0));
   const int size = comm_.size();
   MPI_Comm c = comm_.raw();
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::allreduce;
-  o->dtype = dtype_of<T>();
-  o->count = n;
-  o->label = std::move(label);
+  auto o = make_op(OpKind::allreduce, dtype_of<T>(), n, std::move(label));
   o->schedule.step()
       .collective(
           [h, n, c](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, h.data(), n, mpi_type<T>(), MPI_SUM, c, r); })
-      .then([h, v, n, op, size, exec] {
-        if (op == ReduceOp::average) impl::scale<T>(h.data(), n, T(1) / static_cast<T>(size));
-        Kokkos::deep_copy(exec, v, h);
-      });
+      .then([h, v, op, size, exec] { impl::finish_reduction(exec, h, v, op, size); });
   return enqueue(std::move(o));
 }
 
@@ -278,12 +279,7 @@ Request Engine::broadcast(const Exec& exec, const V& v, int root, std::string la
   auto h = impl::stage_in(exec, v);
   const int n = static_cast<int>(v.extent(0));
   MPI_Comm c = comm_.raw();
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::broadcast;
-  o->dtype = dtype_of<T>();
-  o->count = n;
-  o->root = root;
-  o->label = std::move(label);
+  auto o = make_op(OpKind::broadcast, dtype_of<T>(), n, std::move(label), root);
   o->schedule.step()
       .collective([h, n, root, c](MPI_Request* r) { return MPI_Ibcast(h.data(), n, mpi_type<T>(), root, c, r); })
       .then([h, v, exec] { Kokkos::deep_copy(exec, v, h); });
@@ -299,19 +295,12 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   auto hin = impl::stage_in(exec, in);
   auto hout = Kokkos::create_mirror_view(out);
   MPI_Comm c = comm_.raw();
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::reduce_scatter;
-  o->dtype = dtype_of<T>();
-  o->count = n;
-  o->label = std::move(label);
+  auto o = make_op(OpKind::reduce_scatter, dtype_of<T>(), n, std::move(label));
   o->schedule.step()
       .collective([hin, hout, n, c](MPI_Request* r) {
         return MPI_Ireduce_scatter_block(hin.data(), hout.data(), n, mpi_type<T>(), MPI_SUM, c, r);
       })
-      .then([hout, out, n, op, size, exec] {
-        if (op == ReduceOp::average) impl::scale<T>(hout.data(), n, T(1) / static_cast<T>(size));
-        Kokkos::deep_copy(exec, out, hout);
-      });
+      .then([hout, out, op, size, exec] { impl::finish_reduction(exec, hout, out, op, size); });
   return enqueue(std::move(o));
 }
 
@@ -323,11 +312,7 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
   auto hin = impl::stage_in(exec, in);
   auto hout = Kokkos::create_mirror_view(out);
   MPI_Comm c = comm_.raw();
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::allgather;
-  o->dtype = dtype_of<T>();
-  o->count = n;
-  o->label = std::move(label);
+  auto o = make_op(OpKind::allgather, dtype_of<T>(), n, std::move(label));
   o->schedule.step()
       .collective([hin, hout, n, c](MPI_Request* r) {
         return MPI_Iallgather(hin.data(), n, mpi_type<T>(), hout.data(), n, mpi_type<T>(), c, r);
@@ -341,14 +326,9 @@ Request Engine::send(const Exec& exec, const V& v, int dest, int tag, std::strin
   check_view("kdist::comm::Engine::send", v);
   using T = typename V::non_const_value_type;
   auto h = impl::stage_in(exec, v);
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::send;
-  o->dtype = dtype_of<T>();
-  o->count = static_cast<long long>(v.extent(0));
-  o->label = std::move(label);
-  o->schedule.step().then([h] {});  // keeps the staging buffer alive until the send completes
-  o->schedule.steps().back().transfers.push_back(
-      {true, dest, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag});
+  auto o = make_op(OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), std::move(label));
+  o->schedule.step().send(dest, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag).then([h] {
+  });  // keeps the staging buffer alive until the send completes
   return enqueue(std::move(o));
 }
 
@@ -357,14 +337,10 @@ Request Engine::recv(const Exec& exec, const V& v, int source, int tag, std::str
   check_view("kdist::comm::Engine::recv", v);
   using T = typename V::non_const_value_type;
   auto h = Kokkos::create_mirror_view(v);
-  auto o = std::make_shared<impl::Operation>();
-  o->kind = OpKind::recv;
-  o->dtype = dtype_of<T>();
-  o->count = static_cast<long long>(v.extent(0));
-  o->label = std::move(label);
-  o->schedule.step().then([h, v, exec] { Kokkos::deep_copy(exec, v, h); });
-  o->schedule.steps().back().transfers.push_back(
-      {false, source, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag});
+  auto o = make_op(OpKind::recv, dtype_of<T>(), static_cast<long long>(v.extent(0)), std::move(label));
+  o->schedule.step().recv(source, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag).then([h, v, exec] {
+    Kokkos::deep_copy(exec, v, h);
+  });
   return enqueue(std::move(o));
 }
 

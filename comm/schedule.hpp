@@ -66,7 +66,7 @@ class Schedule {
 
   const std::string& label() const noexcept { return label_; }
   std::vector<Step>& steps() noexcept { return steps_; }
-  /// Elements of vector data this schedule sends (for the byte counters of composite ops).
+  /// Number of steps that post a collective (the engine orders these across operations).
   long long collective_steps() const {
     long long n = 0;
     for (const auto& s : steps_) n += s.collective ? 1 : 0;
