@@ -2,8 +2,11 @@
 #include <kdist/core/inverse.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -124,9 +127,18 @@ void CostModelStore::save(const std::string& path) const {
                        {"alpha", m.fit().alpha},
                        {"beta", m.fit().beta}});
   }
-  std::ofstream out(path);
-  if (!out) throw Error("kdist::comm::CostModelStore::save: cannot write '" + path + "'");
-  out << nlohmann::json{{"version", kVersion}, {"entries", entries}}.dump(1) << '\n';
+  // Write a temporary file and rename it: a reader never sees a half-written calibration.
+  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long long>(::getpid()));
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("kdist::comm::CostModelStore::save: cannot write '" + tmp + "'");
+    out << nlohmann::json{{"version", kVersion}, {"entries", entries}}.dump(1) << '\n';
+    if (!out) throw Error("kdist::comm::CostModelStore::save: failed writing '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("kdist::comm::CostModelStore::save: cannot rename '" + tmp + "' to '" + path + "'");
+  }
 }
 
 namespace {

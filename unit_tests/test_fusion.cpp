@@ -107,7 +107,9 @@ TEST_CASE("CostModel table is monotone, interpolates, and round-trips through JS
   for (double b = 1; b < 1e6; b *= 1.7) CHECK(m.time(b) <= m.time(b * 1.7));
   CostModelStore store;
   store.set({"allreduce", "float32", 2, "world"}, m);
-  const std::string path = "kdist_cost_model_test.json";
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // one file per rank: ranks run this test concurrently
+  const std::string path = "kdist_cost_model_test." + std::to_string(rank) + ".json";
   store.save(path);
   const CostModelStore back = CostModelStore::load(path);
   CHECK(back.has({"allreduce", "float32", 2, "world"}));
