@@ -112,13 +112,16 @@ class FusedAllreducer {
                Kokkos::subview(g.buffer, std::make_pair(off, off + packed_size(m.extent(0)))));
     launch_if_complete(i);
   }
-  /// Waits for every group and writes the reduced values back into the tensors' views.
-  void wait() {
+  /// Waits for every group's reduction (results still in the fusion buffers).
+  void wait_reduced() {
     if (next_ != static_cast<int>(tensors_.size()))
       kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::wait",
                                  std::to_string(next_) + " of " + std::to_string(tensors_.size()) + " tensors arrived");
+    for (Group& g : groups_) g.request.wait();
+  }
+  /// Writes the reduced values back into the tensors' views (symmetric ones mirrored in full).
+  void scatter() {
     for (Group& g : groups_) {
-      g.request.wait();
       for (int i = g.begin; i < g.end; ++i) {
         const std::size_t off = g.bounds[static_cast<std::size_t>(i - g.begin)];
         if (tensors_[static_cast<std::size_t>(i)].symmetric) {
@@ -131,6 +134,11 @@ class FusedAllreducer {
         }
       }
     }
+  }
+  /// wait_reduced() then scatter().
+  void wait() {
+    wait_reduced();
+    scatter();
   }
   /// Ready times of the last iteration, seconds since begin(), with sizes: planner input.
   std::vector<FusionTensor> measured() const {

@@ -9,6 +9,7 @@
 #include <kdist/config.hpp>
 #include <kdist/core/error.hpp>
 #include <kdist/core/impl/lapack_host.hpp>
+#include <kdist/core/packed.hpp>
 #include <kdist/core/products.hpp>
 #include <kdist/core/views.hpp>
 
@@ -88,24 +89,6 @@ struct DenseSolver<Kokkos::Cuda, T, void> {
   }
 };
 #endif
-
-/// M(i,j) := M(j,i) for i > j: LAPACK and gemm results are made exactly symmetric. Works in
-/// square tiles so both the row reads and the column writes stay in cache.
-template <class ExecSpace, class MV>
-void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
-  constexpr int tile = 64;
-  const int n = static_cast<int>(M.extent(0));
-  const int tiles = (n + tile - 1) / tile;
-  Kokkos::parallel_for(
-      "kdist::mirror_upper_to_lower", Kokkos::RangePolicy<ExecSpace>(exec, 0, tiles), KOKKOS_LAMBDA(const int tj) {
-        const int j0 = tj * tile, j1 = j0 + tile < n ? j0 + tile : n;
-        for (int i0 = j0; i0 < n; i0 += tile) {
-          const int i1 = i0 + tile < n ? i0 + tile : n;
-          for (int j = j0; j < j1; ++j)
-            for (int i = (i0 > j + 1 ? i0 : j + 1); i < i1; ++i) M(i, j) = M(j, i);
-        }
-      });
-}
 
 /// Number of NaN/Inf entries of a rank-2 view.
 template <class ExecSpace, class AV>
@@ -220,7 +203,7 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
       throw NumericalError(func, n, damping, st.info,
                            std::string(st.stage) + ": matrix is not positive definite after damping (leading minor " +
                                std::to_string(st.info) + ")");
-    impl::mirror_upper_to_lower(exec, inv);
+    mirror_upper_to_lower(exec, inv);
     return;
   }
 
@@ -256,7 +239,7 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
         for (int i = 0; i < n; ++i) W(i, j) = Q(i, j) * s;
       });
   gemm(exec, "N", "T", T(1), W, Q, T(0), inv);
-  impl::mirror_upper_to_lower(exec, inv);
+  mirror_upper_to_lower(exec, inv);
 }
 
 template <class AV, class IV>

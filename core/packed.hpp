@@ -49,16 +49,36 @@ void pack_upper(const ExecSpace& exec, const Full& full, const Packed& packed) {
       });
 }
 
+/// M(i,j) := M(j,i) for i > j: LAPACK and gemm results are made exactly symmetric. Works in
+/// square tiles so both the row reads and the column writes stay in cache.
+template <class ExecSpace, class MV>
+void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
+  constexpr int tile = 64;
+  const int n = static_cast<int>(M.extent(0));
+  const int tiles = (n + tile - 1) / tile;
+  Kokkos::parallel_for(
+      "kdist::mirror_upper_to_lower", Kokkos::RangePolicy<ExecSpace>(exec, 0, tiles), KOKKOS_LAMBDA(const int tj) {
+        const int j0 = tj * tile, j1 = j0 + tile < n ? j0 + tile : n;
+        for (int i0 = j0; i0 < n; i0 += tile) {
+          const int i1 = i0 + tile < n ? i0 + tile : n;
+          for (int j = j0; j < j1; ++j)
+            for (int i = (i0 > j + 1 ? i0 : j + 1); i < i1; ++i) M(i, j) = M(j, i);
+        }
+      });
+}
+
 /// Fill the square matrix `full` from `packed`, mirroring the upper triangle to the lower.
+/// Column pieces are copied contiguously, then the tiled mirror fills the lower triangle.
 template <class ExecSpace, class Packed, class Full>
 void unpack_upper(const ExecSpace& exec, const Packed& packed, const Full& full) {
   impl::check_packed_pair<ExecSpace>("kdist::unpack_upper", full, packed);
   const int n = static_cast<int>(full.extent(0));
   Kokkos::parallel_for(
-      "kdist::unpack_upper", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(exec, {0, 0}, {n, n}),
-      KOKKOS_LAMBDA(const int i, const int j) {
-        full(i, j) = i <= j ? packed(packed_index(i, j)) : packed(packed_index(j, i));
+      "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+        const std::size_t base = packed_index(0, j);
+        for (int i = 0; i <= j; ++i) full(i, j) = packed(base + i);
       });
+  mirror_upper_to_lower(exec, full);
 }
 
 template <class Full, class Packed>

@@ -4,6 +4,7 @@
 
 #include <kdist/config.hpp>
 #include <kdist/core/impl/blas_host.hpp>
+#include <kdist/core/packed.hpp>
 #include <kdist/core/views.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -84,21 +85,20 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
       impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, scale, X.data(), lda, T(0), A.data(), ldc);
     }
   }
-  // Mirror the upper triangle and fill the bias row/column.
-  Kokkos::parallel_for(
-      "kdist::factor_product::mirror", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
-        if (j < d) {
-          for (int i = j + 1; i < d; ++i) A(i, j) = A(j, i);
-          if (bias) {
+  if (bias) {
+    // Upper part of the bias column (scaled column sums of X) and the corner.
+    Kokkos::parallel_for(
+        "kdist::factor_product::bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          if (j < d) {
             T sum = 0;
             for (int r = 0; r < rows; ++r) sum += X(r, j);
-            A(d, j) = scale * sum;
             A(j, d) = scale * sum;
+          } else {
+            A(d, d) = scale * static_cast<T>(rows);
           }
-        } else {
-          A(d, d) = scale * static_cast<T>(rows);
-        }
-      });
+        });
+  }
+  mirror_upper_to_lower(exec, A);
 }
 
 template <class XView, class AView>
