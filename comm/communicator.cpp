@@ -4,6 +4,10 @@
 #include <string>
 #include <vector>
 
+#if KDIST_ENABLE_NCCL
+#include <kdist/comm/impl/nccl_bootstrap.hpp>
+#endif
+
 namespace kdist {
 namespace comm {
 
@@ -116,6 +120,13 @@ Communicator Communicator::cross_node(int node_size) const {
   impl::check_mpi(MPI_Comm_split(*comm_, local_rank, rank_, &c), "MPI_Comm_split", rank_);
   return Communicator(owned(c), "cross-node");
 }
+
+#if KDIST_ENABLE_NCCL
+nccl::Comm& Communicator::nccl() const {
+  if (!nccl_) nccl_ = nccl::bootstrap(*comm_);
+  return *nccl_;
+}
+#endif
 
 void Communicator::require_size(int expected, const char* operation) const {
   if (size_ != expected)

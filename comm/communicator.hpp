@@ -11,6 +11,10 @@
 #include <memory>
 #include <string>
 
+#if KDIST_ENABLE_NCCL
+#include <kdist/comm/impl/nccl_backend.hpp>
+#endif
+
 namespace kdist {
 namespace comm {
 
@@ -36,6 +40,12 @@ class Communicator {
   /// Throws if nodes have unequal sizes. Collective.
   Communicator cross_node(int node_size = 0) const;
 
+#if KDIST_ENABLE_NCCL
+  /// The NCCL communicator over the same ranks, bootstrapped over MPI on first use (collective:
+  /// every rank must make the first call). Pass the Kokkos instance's cuda_stream() to its calls.
+  nccl::Comm& nccl() const;
+#endif
+
   /// Throws kdist::InvalidArgument unless size() == expected, naming `operation`.
   void require_size(int expected, const char* operation) const;
 
@@ -43,6 +53,9 @@ class Communicator {
   Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind);
   int node_color(int node_size, int* local_rank, int* local_size) const;
   std::shared_ptr<MPI_Comm> comm_;
+#if KDIST_ENABLE_NCCL
+  mutable std::shared_ptr<nccl::Comm> nccl_;
+#endif
   int rank_ = 0;
   int size_ = 1;
   std::string kind_;
