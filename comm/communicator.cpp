@@ -128,6 +128,17 @@ nccl::Comm& Communicator::nccl() const {
 }
 #endif
 
+int Communicator::rank_in(const Communicator& other, int r) const {
+  MPI_Group mine, theirs;
+  MPI_Comm_group(*comm_, &mine);
+  MPI_Comm_group(other.raw(), &theirs);
+  int out = MPI_UNDEFINED;
+  MPI_Group_translate_ranks(mine, 1, &r, theirs, &out);
+  MPI_Group_free(&mine);
+  MPI_Group_free(&theirs);
+  return out;
+}
+
 void Communicator::require_size(int expected, const char* operation) const {
   if (size_ != expected)
     throw InvalidArgument(std::string(operation) + ": needs " + std::to_string(expected) + " ranks, communicator '" +

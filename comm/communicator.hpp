@@ -46,6 +46,9 @@ class Communicator {
   nccl::Comm& nccl() const;
 #endif
 
+  /// Rank in `other` of this communicator's rank `r` (MPI_UNDEFINED if not a member).
+  int rank_in(const Communicator& other, int r) const;
+
   /// Throws kdist::InvalidArgument unless size() == expected, naming `operation`.
   void require_size(int expected, const char* operation) const;
 

@@ -57,6 +57,14 @@ class Schedule {
     current().collective = std::move(post);
     return *this;
   }
+  /// Collective steps on a (sub-)communicator, e.g. the node communicator of hierarchical modes.
+  Schedule& reduce_scatter_block(MPI_Comm comm, const void* send, void* recv, int count, MPI_Datatype type) {
+    return collective(
+        [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, count, type, MPI_SUM, comm, r); });
+  }
+  Schedule& allgather(MPI_Comm comm, const void* send, void* recv, int count, MPI_Datatype type) {
+    return collective([=](MPI_Request* r) { return MPI_Iallgather(send, count, type, recv, count, type, comm, r); });
+  }
   /// Local work after this step's transfers complete (plain loops or kernels on the caller's
   /// thread; it may throw, which fails the request on this rank).
   Schedule& then(std::function<void()> work) {

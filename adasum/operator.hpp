@@ -1,0 +1,131 @@
+// The pairwise Adasum operator on fused buffers (ARCHITECTURE.md §3). For each tensor of a buffer
+// (boundaries given as element offsets), with d = a.b, na = a.a, nb = b.b accumulated in double:
+//   ca = na >= sqrt(DBL_MIN) ? 1 - d / (2 na) : 1,   cb likewise,   result = ca a + cb b
+// computed in double and rounded once to the storage type. Coefficients are per tensor, never
+// per buffer.
+//
+// The operator is split in two so that the distributed algorithm can sum the partials of a
+// tensor over every rank that holds a piece of it before applying them:
+//   partials(): [d, na, nb] of each tensor over a slice of the buffer;
+//   apply():    ca a + cb b over that slice, from summed partials.
+// Both run as Kokkos kernels on the caller's execution space.
+#pragma once
+
+#include <kdist/core/views.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace kdist {
+namespace adasum {
+
+/// Values per tensor in a partials array: dot, squared norm of a, squared norm of b.
+constexpr int kPartials = 3;
+
+/// Adasum coefficient of one side from the summed partials.
+inline double coefficient(double dot, double norm_sq) {
+  static const double guard = std::sqrt(DBL_MIN);
+  return norm_sq >= guard ? 1.0 - dot / (2.0 * norm_sq) : 1.0;
+}
+
+namespace impl {
+
+template <class T, class MemSpace>
+struct PartialSums {
+  using value_type = double[];
+  using size_type = std::size_t;
+  using Slice = Kokkos::View<const T*, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const size_type value_count = kPartials;
+  Slice a, b;
+  PartialSums(const T* pa, const T* pb, std::size_t n) : a(pa, n), b(pb, n) {}
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, value_type v) const {
+    const double x = static_cast<double>(a(i)), y = static_cast<double>(b(i));
+    v[0] += x * y;
+    v[1] += x * x;
+    v[2] += y * y;
+  }
+  KOKKOS_INLINE_FUNCTION void init(value_type v) const { v[0] = v[1] = v[2] = 0.0; }
+  KOKKOS_INLINE_FUNCTION void join(value_type dst, const value_type src) const {
+    for (int k = 0; k < kPartials; ++k) dst[k] += src[k];
+  }
+  KOKKOS_INLINE_FUNCTION void join(volatile value_type dst, const volatile value_type src) const {
+    for (int k = 0; k < kPartials; ++k) dst[k] += src[k];
+  }
+};
+
+/// Tensor t's part of the slice [begin, begin + len) of the global buffer, relative to begin.
+inline bool overlap(const std::vector<std::size_t>& bounds, std::size_t t, std::size_t begin, std::size_t len,
+                    std::size_t* lo, std::size_t* hi) {
+  const std::size_t s = bounds[t] > begin ? bounds[t] : begin;
+  const std::size_t e = bounds[t + 1] < begin + len ? bounds[t + 1] : begin + len;
+  if (s >= e) return false;
+  *lo = s - begin;
+  *hi = e - begin;
+  return true;
+}
+
+/// Checks that bounds are offsets 0 = b_0 <= b_1 <= ... = n.
+void check_bounds(const char* func, const std::vector<std::size_t>& bounds, std::size_t n);
+
+}  // namespace impl
+
+/// partials[3t + k] := [a.b, a.a, b.b] of tensor t over the slice [begin, begin + len) of the
+/// global buffer that a and b (host or device pointers of `len` elements) hold. Tensors not in
+/// the slice get zeros. `partials` is host memory of 3 * tensors doubles.
+template <class ExecSpace, class T>
+void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, std::size_t len,
+              const std::vector<std::size_t>& bounds, double* partials) {
+  using Mem = typename ExecSpace::memory_space;
+  const std::size_t tensors = bounds.size() - 1;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    double* out = partials + kPartials * t;
+    out[0] = out[1] = out[2] = 0.0;
+    std::size_t lo = 0, hi = 0;
+    if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
+    const impl::PartialSums<T, Mem> f(a + lo, b + lo, hi - lo);
+    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, hi - lo), f, out);
+  }
+}
+
+/// out := ca a + cb b over the slice, coefficients from the summed partials of each tensor.
+/// `out` may alias a or b.
+template <class ExecSpace, class T>
+void apply(const ExecSpace& exec, T* out, const T* a, const T* b, std::size_t begin, std::size_t len,
+           const std::vector<std::size_t>& bounds, const double* summed) {
+  const std::size_t tensors = bounds.size() - 1;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    std::size_t lo = 0, hi = 0;
+    if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
+    const double* p = summed + kPartials * t;
+    const double ca = coefficient(p[0], p[1]), cb = coefficient(p[0], p[2]);
+    Kokkos::parallel_for(
+        "kdist::adasum::apply", Kokkos::RangePolicy<ExecSpace>(exec, lo, hi), KOKKOS_LAMBDA(const std::size_t i) {
+          out[i] = static_cast<T>(ca * static_cast<double>(a[i]) + cb * static_cast<double>(b[i]));
+        });
+  }
+  compat::fence(exec, "kdist::adasum::apply");
+}
+
+/// a := Adasum(a, b), tensor by tensor, for two whole fused buffers (rank-1 views).
+template <class ExecSpace, class VA, class VB>
+void combine(const ExecSpace& exec, const VA& a, const VB& b, const std::vector<std::size_t>& bounds) {
+  kdist::impl::static_check_view<ExecSpace, VA>();
+  kdist::impl::static_check_view<ExecSpace, VB>();
+  static_assert(compat::view_rank<VA>() == 1 && compat::view_rank<VB>() == 1, "kdist::adasum: rank-1 views");
+  static_assert(std::is_same<typename VA::non_const_value_type, typename VB::non_const_value_type>::value,
+                "kdist::adasum: value types differ");
+  if (a.extent(0) != b.extent(0))
+    kdist::impl::throw_invalid("kdist::adasum::combine", "buffers " + kdist::impl::describe(a) + " and " +
+                                                             kdist::impl::describe(b) + " differ in size");
+  impl::check_bounds("kdist::adasum::combine", bounds, a.extent(0));
+  std::vector<double> sums(kPartials * (bounds.size() - 1));
+  partials(exec, a.data(), b.data(), 0, a.extent(0), bounds, sums.data());
+  apply(exec, a.data(), a.data(), b.data(), 0, a.extent(0), bounds, sums.data());
+}
+
+}  // namespace adasum
+}  // namespace kdist

@@ -1,0 +1,286 @@
+// adasum/: the operator (serial) and the distributed all-reduce against the documented tree.
+#include <catch2/catch.hpp>
+#include <kdist/adasum/allreduce.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <type_traits>
+
+#include "adasum_reference.hpp"
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::Vec;
+namespace adasum = kdist::adasum;
+
+namespace {
+
+std::vector<std::size_t> bounds_of(const std::vector<std::size_t>& sizes) {
+  std::vector<std::size_t> b{0};
+  for (auto s : sizes) b.push_back(b.back() + s);
+  return b;
+}
+
+template <class T>
+Kokkos::View<T*, Kokkos::HostSpace> view_of(const Vec& x) {
+  Kokkos::View<T*, Kokkos::HostSpace> v("x", x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) v(i) = static_cast<T>(x[i]);
+  return v;
+}
+
+template <class T>
+Vec vec_of(const Kokkos::View<T*, Kokkos::HostSpace>& v) {
+  Vec x(v.extent(0));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(v(i));
+  return x;
+}
+
+/// Balanced tree of the kdist operator over many vectors (serial).
+template <class T>
+Vec operator_tree(std::vector<Vec> xs, const std::vector<std::size_t>& bounds) {
+  std::vector<Kokkos::View<T*, Kokkos::HostSpace>> level;
+  for (auto& x : xs) level.push_back(view_of<T>(x));
+  while (level.size() > 1) {
+    decltype(level) next;
+    for (std::size_t i = 0; i + 1 < level.size(); i += 2) {
+      adasum::combine(Host(), level[i], level[i + 1], bounds);
+      next.push_back(level[i]);
+    }
+    if (level.size() % 2) next.push_back(level.back());
+    level = next;
+  }
+  return vec_of<T>(level[0]);
+}
+
+// Rank r's input: deterministic, different per rank, exactly representable in T.
+template <class T>
+Vec input(int rank, std::size_t n, unsigned seed) {
+  std::mt19937_64 rng(seed * 1000 + rank);
+  std::normal_distribution<double> g;
+  Vec x(n);
+  for (auto& v : x) v = static_cast<double>(static_cast<T>(g(rng)));
+  return x;
+}
+
+}  // namespace
+
+// ---- the operator, serial ------------------------------------------------------------------
+
+TEST_CASE("operator equals the reference pair tensor by tensor", "[adasum][operator]") {
+  const auto bounds = bounds_of({5, 0, 1, 300, 2});
+  const Vec a = input<double>(0, bounds.back(), 3), b = input<double>(1, bounds.back(), 3);
+  auto va = view_of<double>(a), vb = view_of<double>(b);
+  adasum::combine(Host(), va, vb, bounds);
+  CHECK(kdist_test::rel_l2(vec_of(va), kdist_test::adasum_pair(a, b, bounds)) < 1e-15);
+  // Per tensor, not per buffer: treating the buffer as one vector gives something else.
+  CHECK(kdist_test::rel_l2(vec_of(va), kdist_test::adasum_pair(a, b, {0, bounds.back()})) > 1e-3);
+}
+
+TEST_CASE("1024 parallel vectors scaled by the smallest normal float give their mean", "[adasum][operator]") {
+  // Accumulated in float, |x|^2 ~ 1e-76 underflows to 0, the coefficients become 1 and the
+  // result is the sum; in double it is the mean.
+  const std::size_t n = 16;
+  Vec u(n);
+  for (std::size_t i = 0; i < n; ++i) u[i] = 1.0 + 0.25 * static_cast<double>(i % 5);
+  std::vector<Vec> xs(1024);
+  for (auto& x : xs) {
+    x = u;
+    for (auto& v : x) v = static_cast<double>(static_cast<float>(v * std::numeric_limits<float>::min()));
+  }
+  const Vec got = operator_tree<float>(xs, {0, n});
+  CHECK(kdist_test::rel_l2(got, xs[0]) < 100 * std::numeric_limits<float>::epsilon());
+}
+
+TEMPLATE_TEST_CASE("parallel vectors with scales from tiny to sqrt(max/(4n)), shuffled, give their mean",
+                   "[adasum][operator]", float, double) {
+  using T = TestType;
+  const std::size_t n = 8;
+  // float: the whole normal range. double: squared norms below sqrt(DBL_MIN) are, by the
+  // operator's definition, treated as zero (coefficient 1), so the mean property holds only from
+  // scales whose squared norm clears that guard (~1e-77); start there.
+  const double tiny = std::is_same<T, float>::value ? static_cast<double>(std::numeric_limits<float>::min()) : 1e-75;
+  const double huge = std::sqrt(static_cast<double>(std::numeric_limits<T>::max()) / (4.0 * n));
+  const int count = 64;
+  std::vector<double> scales;  // geometric, computed in logs (huge / tiny overflows for double)
+  for (int i = 0; i < count; ++i)
+    scales.push_back(std::exp(std::log(tiny) + (std::log(huge) - std::log(tiny)) * i / (count - 1)));
+  std::mt19937_64 rng(5);
+  std::shuffle(scales.begin(), scales.end(), rng);
+  Vec u(n);
+  for (std::size_t i = 0; i < n; ++i) u[i] = 0.5 + 0.125 * static_cast<double>(i);
+  std::vector<Vec> xs;
+  for (double s : scales) {
+    Vec x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<double>(static_cast<T>(s * u[i]));
+    xs.push_back(x);
+  }
+  // Parallel inputs: every pairwise step is the mean, so a balanced tree of 64 is the mean.
+  Vec mean(n, 0.0);
+  for (const auto& x : xs)
+    for (std::size_t i = 0; i < n; ++i) mean[i] += x[i] / count;
+  CHECK(kdist_test::rel_l2(operator_tree<T>(xs, {0, n}), mean) < 100 * std::numeric_limits<T>::epsilon());
+}
+
+TEST_CASE("zero vectors, single-element and empty tensors, many small fused tensors", "[adasum][operator]") {
+  const auto bounds = bounds_of({3, 1, 0, 4});
+  const Vec zero(8, 0.0), b = input<double>(1, 8, 9);
+  auto v0 = view_of<double>(zero), vb = view_of<double>(b);
+  adasum::combine(Host(), v0, vb, bounds);
+  CHECK(vec_of(v0) == b);  // Adasum(0, b) = b
+  auto z1 = view_of<double>(zero), z2 = view_of<double>(zero);
+  adasum::combine(Host(), z1, z2, bounds);
+  CHECK(vec_of(z1) == zero);  // Adasum(0, 0) = 0
+  // 300 tiny tensors fused in one buffer == each combined on its own.
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 300; ++i) sizes.push_back(1 + i % 3);
+  const auto fb = bounds_of(sizes);
+  const Vec a = input<double>(2, fb.back(), 4), c = input<double>(3, fb.back(), 4);
+  auto fa = view_of<double>(a), fc = view_of<double>(c);
+  adasum::combine(Host(), fa, fc, fb);
+  CHECK(kdist_test::rel_l2(vec_of(fa), kdist_test::adasum_pair(a, c, fb)) < 1e-15);
+  Kokkos::View<double*, Kokkos::HostSpace> e1("e1", 8), e2("e2", 7);
+  REQUIRE_THROWS_AS(adasum::combine(Host(), e1, e2, bounds), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(adasum::combine(Host(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
+}
+
+// ---- the distributed all-reduce ----------------------------------------------------------------
+
+template <class T>
+void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, const adasum::Topology* topo = nullptr) {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const auto bounds = bounds_of(sizes);
+  const std::size_t n = bounds.back();
+  std::vector<Vec> all;
+  for (int r = 0; r < P; ++r) all.push_back(input<T>(r, n, seed));
+  auto v = view_of<T>(all[static_cast<std::size_t>(me)]);
+  adasum::AdasumCounters cnt;
+  adasum::allreduce(Host(), eng, v, bounds, {}, topo, &cnt).wait();
+
+  Vec ref;
+  if (topo) {  // Adasum over node averages
+    const int k = topo->node().size();
+    std::vector<Vec> avgs;
+    for (int node = 0; node < P / k; ++node) {
+      Vec a(n, 0.0);
+      for (int l = 0; l < k; ++l)
+        for (std::size_t i = 0; i < n; ++i) a[i] += all[static_cast<std::size_t>(node * k + l)][i] / k;
+      avgs.push_back(a);
+    }
+    ref = kdist_test::adasum_tree(avgs, bounds);
+  } else {
+    ref = kdist_test::adasum_tree(all, bounds);
+  }
+  INFO("P " << P << " n " << n << " tensors " << sizes.size() << (topo ? " hierarchical" : " flat"));
+  CHECK(kdist_test::rel_l2(vec_of(v), ref) <= 100 * std::numeric_limits<T>::epsilon());
+
+  // Bit-identical on every rank.
+  std::vector<T> everyone(n * static_cast<std::size_t>(P));
+  MPI_Allgather(v.data(), static_cast<int>(n * sizeof(T)), MPI_BYTE, everyone.data(), static_cast<int>(n * sizeof(T)),
+                MPI_BYTE, MPI_COMM_WORLD);
+  bool identical = true;
+  for (int r = 0; r < P; ++r)
+    identical = identical && std::memcmp(everyone.data() + r * n, v.data(), n * sizeof(T)) == 0;
+  CHECK(identical);
+
+  if (!topo) {
+    // Traffic bounds of VHDD (an all-gather followed by a local tree would send (P-1) n).
+    int Pp = 1, L = 0;
+    while (Pp * 2 <= P) {
+      Pp *= 2;
+      ++L;
+    }
+    const int q = P - Pp;
+    const double fold = me < 2 * q ? static_cast<double>(n) : 0.0;
+    const double bound = (2.0 * (Pp - 1) / Pp * n + L + fold) * sizeof(T);
+    INFO("rank " << me << " sent " << cnt.vector_bytes_sent << " B in " << cnt.vector_exchanges << " exchanges; bound "
+                 << bound);
+    CHECK(static_cast<double>(cnt.vector_bytes_sent) <= bound);
+    CHECK(cnt.vector_exchanges <= 2 * L + 2);
+    CHECK(cnt.partial_reductions <= L);
+  }
+}
+
+TEMPLATE_TEST_CASE("Adasum all-reduce equals the documented tree, bit-identical on every rank", "[adasum][mpi]", float,
+                   double) {
+  check_distributed<TestType>({1000}, 1);
+  check_distributed<TestType>({5, 0, 1, 777, 3, 64}, 2);
+  check_distributed<TestType>({1}, 3);
+  check_distributed<TestType>({3, 2}, 4);  // fewer elements than ranks at 5-8
+}
+
+TEST_CASE("Adasum of orthogonal inputs is their sum; of parallel inputs, their mean", "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const std::size_t n = 64;
+  // Orthogonal: disjoint supports.
+  Kokkos::View<double*, Kokkos::HostSpace> o("o", n);
+  for (std::size_t i = 0; i < n; ++i) o(i) = static_cast<int>(i % P) == me ? 1.0 + me : 0.0;
+  adasum::allreduce(Host(), eng, o, {0, n}).wait();
+  double err = 0;
+  for (std::size_t i = 0; i < n; ++i) err = std::max(err, std::abs(o(i) - (1.0 + static_cast<double>(i % P))));
+  CHECK(err < 1e-14);
+  // Parallel: x_r = (r + 1) u.
+  Kokkos::View<double*, Kokkos::HostSpace> p("p", n);
+  std::vector<Vec> all;
+  for (int r = 0; r < P; ++r) {
+    Vec x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = (r + 1) * (1.0 + 0.5 * static_cast<double>(i % 3));
+    all.push_back(x);
+  }
+  for (std::size_t i = 0; i < n; ++i) p(i) = all[static_cast<std::size_t>(me)][i];
+  adasum::allreduce(Host(), eng, p, {0, n}).wait();
+  const Vec ref = kdist_test::adasum_tree(all, {0, n});
+  CHECK(kdist_test::rel_l2(vec_of(p), ref) < 1e-14);
+  if ((P & (P - 1)) == 0) {  // power of two: the plain mean
+    Vec mean(n, 0.0);
+    for (const auto& x : all)
+      for (std::size_t i = 0; i < n; ++i) mean[i] += x[i] / P;
+    CHECK(kdist_test::rel_l2(vec_of(p), mean) < 1e-14);
+  }
+}
+
+TEST_CASE("hierarchical Adasum equals Adasum over node averages and differs from flat", "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  const int P = world.size();
+  if (P % 2 != 0) return;  // node size 2
+  adasum::Topology topo(world, 2);
+  check_distributed<double>({100, 1, 37}, 7, &topo);
+  check_distributed<float>({9}, 8, &topo);
+  if (P == 4) {
+    // Adasum(avg(x0, x1), avg(x2, x3)) != flat Adasum(x0, x1, x2, x3) on the same inputs.
+    kdist::comm::Engine eng(world);
+    const std::vector<std::size_t> b{0, 50};
+    auto h = view_of<double>(input<double>(world.rank(), 50, 11));
+    auto f = view_of<double>(input<double>(world.rank(), 50, 11));
+    adasum::allreduce(Host(), eng, h, b, {}, &topo).wait();
+    adasum::allreduce(Host(), eng, f, b).wait();
+    CHECK(kdist_test::rel_l2(vec_of(h), vec_of(f)) > 1e-3);
+  }
+  if (P >= 4) REQUIRE_THROWS_WITH(adasum::Topology(world, P - 1), Catch::Contains("does not divide"));
+}
+
+TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the rank", "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  for (bool hier : {false, true}) {
+    if (hier && P % 2 != 0) continue;
+    std::unique_ptr<adasum::Topology> topo(hier ? new adasum::Topology(world, 2) : nullptr);
+    Kokkos::View<float*, Kokkos::HostSpace> v("v", 30);
+    Kokkos::deep_copy(v, 1.0f);
+    if (me == P - 1) v(12) = std::numeric_limits<float>::quiet_NaN();
+    if (me == 0 && P > 1) v(25) = std::numeric_limits<float>::infinity();
+    try {
+      adasum::allreduce(Host(), eng, v, {0, 10, 20, 30}, {"fc1.weight", "fc1.bias", "fc2.weight"}, topo.get()).wait();
+      FAIL("no error");
+    } catch (const adasum::NonFiniteError& e) {
+      // The first bad tensor is fc1.bias (index 1) on rank P-1.
+      CHECK_THAT(e.what(), Catch::Contains("'fc1.bias'") && Catch::Contains("on rank " + std::to_string(P - 1)));
+    }
+  }
+}
