@@ -24,19 +24,15 @@ class FusedAllreducer {
   using Vector = Kokkos::View<T*, Kokkos::HostSpace>;
   using Symmetric = Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace>;
   /// Reduces `buffer` in place; `bounds` are the element offsets of the tensors in it
-  /// (bounds.front() == 0, bounds.back() == buffer.extent(0)).
-  using Reduction =
-      std::function<Request(Engine&, const Buffer& buffer, const std::vector<std::size_t>& bounds, const std::string&)>;
+  /// (bounds.front() == 0, bounds.back() == buffer.extent(0)), `labels` their names.
+  using Reduction = std::function<Request(Engine&, const Buffer& buffer, const std::vector<std::size_t>& bounds,
+                                          const std::vector<std::string>& labels, const std::string& group)>;
 
-  static Reduction sum() {
-    return [](Engine& e, const Buffer& b, const std::vector<std::size_t>&, const std::string& label) {
-      return e.allreduce(Kokkos::DefaultHostExecutionSpace(), b, ReduceOp::sum, label);
-    };
-  }
-  static Reduction average() {
-    return [](Engine& e, const Buffer& b, const std::vector<std::size_t>&, const std::string& label) {
-      return e.allreduce(Kokkos::DefaultHostExecutionSpace(), b, ReduceOp::average, label);
-    };
+  static Reduction sum() { return elementwise(ReduceOp::sum); }
+  static Reduction average() { return elementwise(ReduceOp::average); }
+  static Reduction elementwise(ReduceOp op) {
+    return [op](Engine& e, const Buffer& b, const std::vector<std::size_t>&, const std::vector<std::string>&,
+                const std::string& group) { return e.allreduce(Kokkos::DefaultHostExecutionSpace(), b, op, group); };
   }
 
   struct Tensor {
@@ -72,6 +68,7 @@ class FusedAllreducer {
       gr.buffer = Buffer(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
           gr.bounds.back());
+      for (int i = gr.begin; i < gr.end; ++i) gr.labels.push_back(tensors_[static_cast<std::size_t>(i)].label);
       gr.label = "fused[" + tensors_[static_cast<std::size_t>(gr.begin)].label + ".." +
                  tensors_[static_cast<std::size_t>(gr.end - 1)].label + "]";
       begin = gr.end;
@@ -153,6 +150,7 @@ class FusedAllreducer {
     std::vector<std::size_t> bounds;
     Buffer buffer;
     Request request;
+    std::vector<std::string> labels;
     std::string label;
   };
   double now() const { return clock_ ? clock_->now() : Clock::local_now(); }
@@ -174,7 +172,7 @@ class FusedAllreducer {
   }
   void launch_if_complete(int i) {
     Group& g = group(i);
-    if (i == g.end - 1) g.request = reduction_(engine_, g.buffer, g.bounds, g.label);
+    if (i == g.end - 1) g.request = reduction_(engine_, g.buffer, g.bounds, g.labels, g.label);
     engine_.progress();
   }
 
