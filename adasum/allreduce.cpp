@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 namespace kdist {
@@ -19,6 +21,44 @@ namespace {
 using Host = Kokkos::DefaultHostExecutionSpace;
 constexpr double kNoRank = std::numeric_limits<double>::infinity();
 
+// Scratch buffers are reused across all-reduces (uninitialised; a handful kept), so a call does
+// not pay for allocating, zero-filling and page-faulting half a vector every time.
+template <class T>
+class ScratchPool {
+ public:
+  static std::shared_ptr<T> get(std::size_t n) {
+    ScratchPool& p = instance();
+    std::lock_guard<std::mutex> lock(p.mutex_);
+    auto it = p.free_.lower_bound(n);
+    std::size_t cap = n;
+    T* buf = nullptr;
+    if (it != p.free_.end()) {
+      cap = it->first;
+      buf = it->second.release();
+      p.free_.erase(it);
+    } else {
+      buf = new T[n > 0 ? n : 1];
+    }
+    return std::shared_ptr<T>(buf, [cap](T* q) {
+      ScratchPool& pool = instance();
+      std::lock_guard<std::mutex> lock(pool.mutex_);
+      if (pool.free_.size() < kKeep)
+        pool.free_.emplace(cap, std::unique_ptr<T[]>(q));
+      else
+        delete[] q;
+    });
+  }
+
+ private:
+  static constexpr std::size_t kKeep = 4;
+  static ScratchPool& instance() {
+    static ScratchPool* p = new ScratchPool;  // never destroyed: buffers may be returned at exit
+    return *p;
+  }
+  std::mutex mutex_;
+  std::multimap<std::size_t, std::unique_ptr<T[]>> free_;
+};
+
 // Schedule tags (< 4096): each step of one all-reduce uses its own.
 constexpr int kTagFold = 1, kTagFoldBad = 2, kTagUnfold = 3, kTagUnfoldBad = 4;
 constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
@@ -32,11 +72,23 @@ struct State {
   std::vector<std::size_t> bounds;
   std::vector<std::string> labels;
   std::size_t tensors = 0;
-  std::vector<T> padded, slice, tmp;
+  std::vector<T> padded, slice;
+  std::shared_ptr<T> tmp_buf;  // received vector data (pool scratch)
+  T* tmp() { return tmp_buf.get(); }
   T* S = nullptr;  // the slice the cross-rank algorithm works on
   std::vector<double> part, other;
   std::vector<std::vector<double>> node_parts;
   std::vector<double> fold_bad;
+  std::vector<char> bad_a, bad_b;  // non-finite flags of the raw inputs read by a partials step
+
+  // Raw inputs are read once, by the first partials step: mark the rank each came from (a side
+  // whose data is not raw, i.e. already combined by a fold, passes kNoRank).
+  void attribute(double rank_a, double rank_b) {
+    for (std::size_t t = 0; t < tensors; ++t) {
+      if (bad_a[t]) bad()[t] = std::min(bad()[t], rank_a);
+      if (bad_b[t]) bad()[t] = std::min(bad()[t], rank_b);
+    }
+  }
   int node_size = 1, local = 0;
   AdasumCounters planned;
   AdasumCounters* counters = nullptr;
@@ -44,10 +96,6 @@ struct State {
   std::size_t msg() const { return (kPartials + 1) * tensors; }
   double* bad() { return part.data() + kPartials * tensors; }
 
-  // part[0 .. 3T) := partials of (a, b) over the current slice [lo, hi) of S.
-  void local_partials(const T* a, const T* b, std::size_t lo, std::size_t hi) {
-    partials(Host(), a, b, g0 + lo, hi - lo, bounds, part.data());
-  }
   void add_into_part(const std::vector<double>& x) {
     for (std::size_t i = 0; i < kPartials * tensors; ++i) part[i] += x[i];
     for (std::size_t t = 0; t < tensors; ++t) bad()[t] = std::min(bad()[t], x[kPartials * tensors + t]);
@@ -78,15 +126,14 @@ struct State {
   }
 };
 
+// Only where no step reads the raw inputs with attribution (one rank; hierarchical mode, where
+// the node average comes first). Branch-free, so it vectorises.
 template <class T>
 void scan_nonfinite(State<T>& st, int my_rank) {
   for (std::size_t t = 0; t < st.tensors; ++t) {
-    st.bad()[t] = kNoRank;
-    for (std::size_t i = st.bounds[t]; i < st.bounds[t + 1]; ++i)
-      if (!compat::isfinite(st.data[i])) {
-        st.bad()[t] = my_rank;
-        break;
-      }
+    int bad = 0;
+    for (std::size_t i = st.bounds[t]; i < st.bounds[t + 1]; ++i) bad |= !compat::isfinite(st.data[i]);
+    if (bad) st.bad()[t] = my_rank;
   }
 }
 
@@ -106,8 +153,8 @@ comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vecto
   s.counters = counters;
   s.part.assign(s.msg(), 0.0);
   s.other.assign(s.msg(), 0.0);
+  for (std::size_t t = 0; t < s.tensors; ++t) s.bad()[t] = kNoRank;
   const int me = engine.rank();
-  scan_nonfinite(s, me);
 
   const MPI_Datatype type = comm::mpi_type<T>();
   const int k = hier ? hier->node().size() : 1;
@@ -163,6 +210,10 @@ comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vecto
   const int q = N - Pp;
   const bool folded_away = c < 2 * q && c % 2 == 1;
   const bool folds_in = c < 2 * q && c % 2 == 0;
+  // Flat mode reads every raw input exactly once in the first partials step (the fold, or level
+  // 0), which attributes non-finite values to their rank; otherwise scan up front.
+  const bool raw = k == 1;
+  if (!raw || (L == 0 && q == 0)) scan_nonfinite(s, me);
   if (folded_away) {
     sched.step()
         .send(cross_rank(c - 1), s.S, mi, type, kTagFold)
@@ -175,25 +226,26 @@ comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vecto
   } else {
     const int v = folds_in ? c / 2 : c - q;
     auto real = [&](int virt) { return cross_rank(virt < q ? 2 * virt : virt + q); };
+    // Scratch: the whole slice for the fold, half of it for the halving steps.
+    s.tmp_buf = ScratchPool<T>::get(folds_in ? s.m : (s.m + 1) / 2);
     if (folds_in) {
-      s.tmp.assign(s.m, T(0));
       s.fold_bad.assign(s.tensors, kNoRank);
       sched.step()
-          .recv(cross_rank(c + 1), s.tmp.data(), mi, type, kTagFold)
+          .recv(cross_rank(c + 1), s.tmp(), mi, type, kTagFold)
           .recv(cross_rank(c + 1), s.fold_bad.data(), static_cast<int>(s.tensors), MPI_DOUBLE, kTagFoldBad)
-          .then([st] {
-            st->local_partials(st->S, st->tmp.data(), 0, st->m);
+          .then([st, raw, me, odd = cross_rank(c + 1)] {
+            partials(Host(), st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data(), raw ? &st->bad_a : nullptr,
+                     raw ? &st->bad_b : nullptr);
+            if (raw) st->attribute(me, odd);
             for (std::size_t t = 0; t < st->tensors; ++t) st->bad()[t] = std::min(st->bad()[t], st->fold_bad[t]);
           });
       s.planned.vector_exchanges += 1;
       node_sum_step(kTagNode + 63);
       if (k > 1) s.planned.partial_reductions += 1;
-      sched.step().then(
-          [st] { apply(Host(), st->S, st->S, st->tmp.data(), st->g0, st->m, st->bounds, st->part.data()); });
+      sched.step().then([st] { apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data()); });
     }
 
     // ---- vector halving, distance doubling -----------------------------------------------------
-    if (static_cast<int>(s.tmp.size()) < mi) s.tmp.assign(s.m, T(0));
     std::vector<std::pair<std::size_t, std::size_t>> slices;  // slice before each level
     std::size_t lo = 0, hi = s.m;
     for (int l = 0; l < L; ++l) {
@@ -201,18 +253,24 @@ comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vecto
       const int partner = real(v ^ d);
       const bool lower = (v & d) == 0;
       slices.push_back({lo, hi});
+      // Level 0 of flat mode reads raw inputs, except those of ranks that folded one in.
+      const bool mine_raw = raw && l == 0 && v >= q, theirs_raw = raw && l == 0 && (v ^ d) >= q;
+      const bool raw_here = mine_raw || theirs_raw;
+      const double mine_from = mine_raw ? me : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
       const std::size_t first = (hi - lo) / 2, mid = lo + first;
       const std::size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
       const std::size_t send_lo = lower ? mid : lo, send_hi = lower ? hi : mid;
       sched.step()
           .send(partner, s.S + send_lo, static_cast<int>(send_hi - send_lo), type, kTagHalve + l)
-          .recv(partner, s.tmp.data(), static_cast<int>(keep_hi - keep_lo), type, kTagHalve + l)
-          .then([st, lower, keep_lo, keep_hi] {
+          .recv(partner, s.tmp(), static_cast<int>(keep_hi - keep_lo), type, kTagHalve + l)
+          .then([st, lower, keep_lo, keep_hi, raw_here, mine_from, theirs_from] {
             T* mine = st->S + keep_lo;
-            const T* theirs = st->tmp.data();
+            const T* theirs = st->tmp();
             const T* a = lower ? mine : theirs;
             const T* b = lower ? theirs : mine;
-            partials(Host(), a, b, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds, st->part.data());
+            partials(Host(), a, b, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds, st->part.data(),
+                     raw_here ? &st->bad_a : nullptr, raw_here ? &st->bad_b : nullptr);
+            if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
           });
       s.planned.vector_bytes_sent += static_cast<long long>(send_hi - send_lo) * sizeof(T);
       s.planned.vector_exchanges += 1;
@@ -228,7 +286,7 @@ comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vecto
       s.planned.partial_reductions += 1;
       sched.step().then([st, lower, keep_lo, keep_hi] {
         T* mine = st->S + keep_lo;
-        const T* theirs = st->tmp.data();
+        const T* theirs = st->tmp();
         apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo,
               st->bounds, st->part.data());
       });

@@ -29,7 +29,8 @@
 // NaN or Inf in any input: every rank throws kdist::adasum::NonFiniteError naming the first such
 // tensor (by label) and the lowest rank where it appeared. The rank of each tensor's non-finite
 // input travels with the partial sums (a min), so detection costs no extra message. Buffer
-// contents are unspecified after this error.
+// contents are unspecified after this error. (Double inputs above ~1e154 in magnitude, whose
+// squared norms overflow, are reported the same way: Adasum's coefficients overflow there too.)
 #pragma once
 
 #include <kdist/adasum/operator.hpp>

@@ -34,19 +34,38 @@ inline double coefficient(double dot, double norm_sq) {
 
 namespace impl {
 
-template <class T, class MemSpace>
+/// Partial sums over chunks of kChunk elements: each chunk is summed in four independent lanes
+/// combined in a fixed order, so the loop is not bound by one chain of dependent adds, and the
+/// result is deterministic. Raw pointers (host or device) keep the inner loop simple.
+template <class T>
 struct PartialSums {
+  static constexpr std::size_t kChunk = 64;
   using value_type = double[];
   using size_type = std::size_t;
-  using Slice = Kokkos::View<const T*, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const size_type value_count = kPartials;
-  Slice a, b;
-  PartialSums(const T* pa, const T* pb, std::size_t n) : a(pa, n), b(pb, n) {}
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, value_type v) const {
-    const double x = static_cast<double>(a(i)), y = static_cast<double>(b(i));
-    v[0] += x * y;
-    v[1] += x * x;
-    v[2] += y * y;
+  const T* a;
+  const T* b;
+  std::size_t n;
+  PartialSums(const T* pa, const T* pb, std::size_t len) : a(pa), b(pb), n(len) {}
+  std::size_t chunks() const { return (n + kChunk - 1) / kChunk; }
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c, value_type v) const {
+    const std::size_t begin = c * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
+    double d0 = 0, d1 = 0, d2 = 0, d3 = 0, p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+    std::size_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      const double x0 = a[i], x1 = a[i + 1], x2 = a[i + 2], x3 = a[i + 3];
+      const double y0 = b[i], y1 = b[i + 1], y2 = b[i + 2], y3 = b[i + 3];
+      d0 += x0 * y0, d1 += x1 * y1, d2 += x2 * y2, d3 += x3 * y3;
+      p0 += x0 * x0, p1 += x1 * x1, p2 += x2 * x2, p3 += x3 * x3;
+      q0 += y0 * y0, q1 += y1 * y1, q2 += y2 * y2, q3 += y3 * y3;
+    }
+    for (; i < end; ++i) {
+      const double x = a[i], y = b[i];
+      d0 += x * y, p0 += x * x, q0 += y * y;
+    }
+    v[0] += (d0 + d1) + (d2 + d3);
+    v[1] += (p0 + p1) + (p2 + p3);
+    v[2] += (q0 + q1) + (q2 + q3);
   }
   KOKKOS_INLINE_FUNCTION void init(value_type v) const { v[0] = v[1] = v[2] = 0.0; }
   KOKKOS_INLINE_FUNCTION void join(value_type dst, const value_type src) const {
@@ -75,19 +94,26 @@ void check_bounds(const char* func, const std::vector<std::size_t>& bounds, std:
 
 /// partials[3t + k] := [a.b, a.a, b.b] of tensor t over the slice [begin, begin + len) of the
 /// global buffer that a and b (host or device pointers of `len` elements) hold. Tensors not in
-/// the slice get zeros. `partials` is host memory of 3 * tensors doubles.
+/// the slice get zeros. `partials` is host memory of 3 * tensors doubles. If given,
+/// nonfinite_a[t] / nonfinite_b[t] are set when tensor t's piece of a / b holds a NaN or Inf:
+/// exactly when its squared norm sum is not finite (it cannot overflow for float storage; for
+/// double storage, magnitudes above ~1e154, where the coefficients overflow too, also count).
 template <class ExecSpace, class T>
 void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, std::size_t len,
-              const std::vector<std::size_t>& bounds, double* partials) {
-  using Mem = typename ExecSpace::memory_space;
+              const std::vector<std::size_t>& bounds, double* partials, std::vector<char>* nonfinite_a = nullptr,
+              std::vector<char>* nonfinite_b = nullptr) {
   const std::size_t tensors = bounds.size() - 1;
+  if (nonfinite_a) nonfinite_a->assign(tensors, 0);
+  if (nonfinite_b) nonfinite_b->assign(tensors, 0);
   for (std::size_t t = 0; t < tensors; ++t) {
     double* out = partials + kPartials * t;
     out[0] = out[1] = out[2] = 0.0;
     std::size_t lo = 0, hi = 0;
     if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
-    const impl::PartialSums<T, Mem> f(a + lo, b + lo, hi - lo);
-    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, hi - lo), f, out);
+    const impl::PartialSums<T> f(a + lo, b + lo, hi - lo);
+    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.chunks()), f, out);
+    if (nonfinite_a) (*nonfinite_a)[t] = !std::isfinite(out[1]);
+    if (nonfinite_b) (*nonfinite_b)[t] = !std::isfinite(out[2]);
   }
 }
 

@@ -283,4 +283,13 @@ TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the r
       CHECK_THAT(e.what(), Catch::Contains("'fc1.bias'") && Catch::Contains("on rank " + std::to_string(P - 1)));
     }
   }
+  // The NaN on each rank in turn (folded-away ranks included): that rank is named.
+  for (int culprit = 0; culprit < P; ++culprit) {
+    Kokkos::View<double*, Kokkos::HostSpace> v("v", 30);
+    Kokkos::deep_copy(v, 2.0 + me);
+    if (me == culprit) v(29) = std::numeric_limits<double>::quiet_NaN();
+    INFO("culprit " << culprit);
+    REQUIRE_THROWS_WITH(adasum::allreduce(Host(), eng, v, {0, 10, 20, 30}, {"a", "b", "c"}).wait(),
+                        Catch::Contains("tensor 'c'") && Catch::Contains("on rank " + std::to_string(culprit) + ";"));
+  }
 }

@@ -1,0 +1,140 @@
+// Adasum all-reduce against MPI_Allreduce(SUM) on the same buffers (float32), as one tensor and
+// as 64 fused tensors; medians of >= 5 repeats of the maximum over ranks.
+//   mpiexec -n 2 bench_adasum [--reps N] [--json FILE]
+//   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
+#include <CLI/CLI.hpp>
+#include <kdist/adasum/allreduce.hpp>
+#include <kdist/core/timer.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "bench_table.hpp"
+
+namespace {
+
+using kdist::Clock;
+
+double max_over_ranks(double t) {
+  double m = 0;
+  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+template <class F>
+double time_median(int reps, F&& f) {
+  std::vector<double> s;
+  for (int r = 0; r < reps + 2; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = Clock::local_now();
+    f();
+    const double t = max_over_ranks(Clock::local_now() - t0);
+    if (r >= 2) s.push_back(t);
+  }
+  return kdist_bench::median(s);
+}
+
+std::vector<std::size_t> even_bounds(std::size_t n, std::size_t tensors) {
+  std::vector<std::size_t> b{0};
+  for (std::size_t t = 1; t <= tensors; ++t) b.push_back(n * t / tensors);
+  return b;
+}
+
+void fill(std::vector<float>& v, int rank) {
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.001f * static_cast<float>((i * 7 + rank * 13) % 101) - 0.05f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard guard(argc, argv);
+    CLI::App app{"kdist Adasum all-reduce vs MPI_Allreduce(SUM)"};
+    std::string part = "time", json;
+    int reps = 5;
+    app.add_option("--part", part, "time | traffic")->check(CLI::IsMember({"time", "traffic"}));
+    app.add_option("--reps", reps, "timed repeats (median reported)");
+    app.add_option("--json", json, "write the rows to this JSON file");
+    try {
+      app.parse(argc, argv);
+      kdist::comm::Communicator world(MPI_COMM_WORLD);
+      kdist::comm::Engine engine(world);
+      const int me = world.rank(), P = world.size();
+      std::unique_ptr<kdist_bench::Table> table;
+      if (part == "time")
+        table.reset(new kdist_bench::Table("bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "adasum_s",
+                                                                 "adasum/MPI_Allreduce"}));
+      else
+        table.reset(new kdist_bench::Table("bench_adasum.traffic",
+                                           {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound",
+                                            "vector_exchanges", "exchange_bound", "partial_reductions",
+                                            "partial_bytes_sent", "sent/bound"}));
+      table->set_print(me == 0);
+      table->context("ranks", P);
+      table->context("dtype", "float32");
+      table->context("consistency_check", "on");
+      if (me == 0) {
+        std::printf("# %s, %d ranks, float32%s\n", part.c_str(), P,
+                    part == "time" ? ", medians of max over ranks" : "");
+        table->print_header();
+      }
+      if (part == "time") {
+        for (std::size_t bytes = 1024; bytes <= (64u << 20); bytes *= 4) {
+          const std::size_t n = bytes / sizeof(float);
+          std::vector<float> a(n), b(n);
+          for (std::size_t tensors : {std::size_t(1), std::size_t(64)}) {
+            fill(a, me);
+            fill(b, me);
+            const auto bounds = even_bounds(n, tensors);
+            const double t_mpi = time_median(reps, [&] {
+              MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            });
+            const double t_ada =
+                time_median(reps, [&] { kdist::adasum::allreduce<float>(engine, b.data(), n, bounds).wait(); });
+            table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), t_mpi, t_ada, t_ada / t_mpi});
+          }
+        }
+      } else {
+        int Pp = 1, L = 0;
+        while (Pp * 2 <= P) {
+          Pp *= 2;
+          ++L;
+        }
+        const int q = P - Pp;
+        for (std::size_t bytes : {std::size_t(1) << 20, std::size_t(16) << 20}) {
+          const std::size_t n = bytes / sizeof(float);
+          std::vector<float> a(n);
+          fill(a, me);
+          kdist::adasum::AdasumCounters c;
+          kdist::adasum::allreduce<float>(engine, a.data(), n, even_bounds(n, 64), {}, nullptr, &c).wait();
+          const double bound =
+              (2.0 * (Pp - 1) / Pp * static_cast<double>(n) + (me < 2 * q ? static_cast<double>(n) : 0.0)) * 4;
+          const long long mine[] = {c.vector_bytes_sent, c.vector_exchanges, c.partial_reductions,
+                                    c.partial_bytes_sent};
+          std::vector<long long> all(4 * static_cast<std::size_t>(P));
+          MPI_Gather(mine, 4, MPI_LONG_LONG, all.data(), 4, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+          std::vector<double> bounds_all(static_cast<std::size_t>(P));
+          MPI_Gather(&bound, 1, MPI_DOUBLE, bounds_all.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+          if (me == 0)
+            for (int r = 0; r < P; ++r) {
+              const long long* x = &all[4 * static_cast<std::size_t>(r)];
+              const double bd = bounds_all[static_cast<std::size_t>(r)];
+              table->row({static_cast<long long>(bytes), r, x[0], bd, x[1], 2 * L + 2, x[2], x[3],
+                          static_cast<double>(x[0]) / bd});
+            }
+        }
+      }
+      if (me == 0) table->write_json(json);
+    } catch (const CLI::ParseError& e) {
+      rc = app.exit(e);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_adasum: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
