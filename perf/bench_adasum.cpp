@@ -6,33 +6,17 @@
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
-#include "bench_table.hpp"
+#include "bench_mpi.hpp"
 
 namespace {
 
 using kdist::Clock;
-
-double max_over_ranks(double t) {
-  double m = 0;
-  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
-
-template <class F>
-double time_median(int reps, F&& f) {
-  std::vector<double> s;
-  for (int r = 0; r < reps + 2; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = Clock::local_now();
-    f();
-    const double t = max_over_ranks(Clock::local_now() - t0);
-    if (r >= 2) s.push_back(t);
-  }
-  return kdist_bench::median(s);
-}
+using kdist_bench::max_over_ranks;
+using kdist_bench::time_median;
 
 std::vector<std::size_t> even_bounds(std::size_t n, std::size_t tensors) {
   std::vector<std::size_t> b{0};
@@ -65,13 +49,12 @@ int main(int argc, char** argv) {
       const int me = world.rank(), P = world.size();
       std::unique_ptr<kdist_bench::Table> table;
       if (part == "time")
-        table.reset(new kdist_bench::Table("bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "adasum_s",
-                                                                 "adasum/MPI_Allreduce"}));
+        table.reset(new kdist_bench::Table(
+            "bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "adasum_s", "adasum/MPI_Allreduce"}));
       else
-        table.reset(new kdist_bench::Table("bench_adasum.traffic",
-                                           {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound",
-                                            "vector_exchanges", "exchange_bound", "partial_reductions",
-                                            "partial_bytes_sent", "sent/bound"}));
+        table.reset(new kdist_bench::Table(
+            "bench_adasum.traffic", {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound", "vector_exchanges",
+                                     "exchange_bound", "partial_reductions", "partial_bytes_sent", "sent/bound"}));
       table->set_print(me == 0);
       table->context("ranks", P);
       table->context("dtype", "float32");
@@ -123,7 +106,7 @@ int main(int argc, char** argv) {
               const long long* x = &all[4 * static_cast<std::size_t>(r)];
               const double bd = bounds_all[static_cast<std::size_t>(r)];
               table->row({static_cast<long long>(bytes), r, x[0], bd, x[1], 2 * L + 2, x[2], x[3],
-                          static_cast<double>(x[0]) / bd});
+                          bd > 0 ? static_cast<double>(x[0]) / bd : (x[0] == 0 ? 1.0 : HUGE_VAL)});
             }
         }
       }

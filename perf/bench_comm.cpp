@@ -11,32 +11,15 @@
 
 #include <cstdio>
 
-#include "bench_table.hpp"
+#include "bench_mpi.hpp"
 
 namespace {
 
+using kdist_bench::max_over_ranks;
+using kdist_bench::time_median;
 using Host = Kokkos::DefaultHostExecutionSpace;
 using kdist::Clock;
 using namespace kdist::comm;
-
-double max_over_ranks(double t) {
-  double m = 0;
-  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
-
-template <class F>
-double time_median(int reps, F&& f) {
-  std::vector<double> s;
-  for (int r = 0; r < reps + 2; ++r) {  // two warm-ups
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = Clock::local_now();
-    f();
-    const double t = max_over_ranks(Clock::local_now() - t0);
-    if (r >= 2) s.push_back(t);
-  }
-  return kdist_bench::median(s);
-}
 
 void part_allreduce(int reps, kdist_bench::Table& table) {
   Communicator world(MPI_COMM_WORLD);

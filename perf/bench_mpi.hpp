@@ -1,0 +1,32 @@
+// Timing helpers shared by the MPI benchmarks: every figure is the maximum over ranks (the
+// slowest rank is what a collective costs), and the median over repeats after two warm-ups.
+#pragma once
+
+#include <mpi.h>
+#include <kdist/core/timer.hpp>
+
+#include "bench_table.hpp"
+
+namespace kdist_bench {
+
+inline double max_over_ranks(double t) {
+  double m = 0;
+  MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+/// Barrier, run f, max over ranks; median of `reps` such runs after two warm-ups.
+template <class F>
+double time_median(int reps, F&& f) {
+  std::vector<double> s;
+  for (int r = 0; r < reps + 2; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = kdist::Clock::local_now();
+    f();
+    const double t = max_over_ranks(kdist::Clock::local_now() - t0);
+    if (r >= 2) s.push_back(t);
+  }
+  return median(s);
+}
+
+}  // namespace kdist_bench
