@@ -116,12 +116,9 @@ struct State {
     if (counters) *counters = planned;
     for (std::size_t t = 0; t < tensors; ++t)
       if (bad()[t] != kNoRank) {
-        std::ostringstream os;
-        os << "kdist::adasum::allreduce: non-finite value (NaN or Inf) in tensor '"
-           << (t < labels.size() ? labels[t] : "tensor " + std::to_string(t)) << "' (index " << t << ", "
-           << bounds[t + 1] - bounds[t] << " elements) on rank " << static_cast<long long>(bad()[t])
-           << "; buffer contents are unspecified";
-        throw NonFiniteError(os.str());
+        throw NonFiniteError("kdist::adasum::allreduce", t < labels.size() ? labels[t] : "tensor " + std::to_string(t),
+                             static_cast<long long>(bounds[t + 1] - bounds[t]), static_cast<int>(bad()[t]),
+                             "tensor index " + std::to_string(t) + "; buffer contents are unspecified");
       }
   }
 };

@@ -43,10 +43,8 @@
 namespace kdist {
 namespace adasum {
 
-class NonFiniteError : public Error {
- public:
-  using Error::Error;
-};
+/// kdist's one non-finite error type (core/error.hpp), under the name adasum code used.
+using NonFiniteError = kdist::NonFiniteError;
 
 /// Traffic of one Adasum all-reduce on this rank, filled when the request completes.
 struct AdasumCounters {

@@ -28,16 +28,16 @@ const char* to_string(OpKind kind) {
   return "unknown";
 }
 
-const char* to_string(DType dtype) {
-  switch (dtype) {
-    case DType::float32:
-      return "float32";
-    case DType::float64:
-      return "float64";
-    case DType::int32:
-      return "int32";
-    case DType::bytes:
-      return "bytes";
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::average:
+      return "average";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
   }
   return "unknown";
 }

@@ -26,6 +26,7 @@
 #include <kdist/comm/communicator.hpp>
 #include <kdist/comm/schedule.hpp>
 #include <kdist/core/compat.hpp>
+#include <kdist/core/dtype.hpp>
 #include <kdist/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -39,7 +40,9 @@
 namespace kdist {
 namespace comm {
 
-enum class ReduceOp { sum, average };
+/// Element-wise reductions: average is the sum divided by the rank count.
+enum class ReduceOp { sum, average, min, max };
+const char* to_string(ReduceOp op);
 
 /// Operation kinds as they appear in signatures and messages.
 enum class OpKind : int {
@@ -53,16 +56,12 @@ enum class OpKind : int {
 };
 const char* to_string(OpKind kind);
 
-/// Element types the engine moves.
-enum class DType : int { float32 = 1, float64 = 2, int32 = 3, bytes = 4 };
-const char* to_string(DType dtype);
-template <class T>
-constexpr DType dtype_of() {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, int>::value,
-                "kdist::comm: float, double or int");
-  return std::is_same<T, float>::value    ? DType::float32
-         : std::is_same<T, double>::value ? DType::float64
-                                          : DType::int32;
+using kdist::DType;
+using kdist::dtype_of;
+using kdist::to_string;
+/// MPI reduction for `op` (average is a sum, divided afterwards).
+inline MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::min ? MPI_MIN : op == ReduceOp::max ? MPI_MAX : MPI_SUM;
 }
 template <class T>
 MPI_Datatype mpi_type() {
@@ -263,8 +262,9 @@ Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string
   MPI_Comm c = comm_.raw();
   auto o = make_op(OpKind::allreduce, dtype_of<T>(), n, std::move(label));
   o->schedule.step()
-      .collective(
-          [h, n, c](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, h.data(), n, mpi_type<T>(), MPI_SUM, c, r); })
+      .collective([h, n, c, op](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, h.data(), n, mpi_type<T>(), mpi_op(op), c, r);
+      })
       .then([h, v, op, size, exec] { impl::finish_reduction(exec, h, v, op, size); });
   return enqueue(std::move(o));
 }
@@ -297,8 +297,8 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   MPI_Comm c = comm_.raw();
   auto o = make_op(OpKind::reduce_scatter, dtype_of<T>(), n, std::move(label));
   o->schedule.step()
-      .collective([hin, hout, n, c](MPI_Request* r) {
-        return MPI_Ireduce_scatter_block(hin.data(), hout.data(), n, mpi_type<T>(), MPI_SUM, c, r);
+      .collective([hin, hout, n, c, op](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(hin.data(), hout.data(), n, mpi_type<T>(), mpi_op(op), c, r);
       })
       .then([hout, out, op, size, exec] { impl::finish_reduction(exec, hout, out, op, size); });
   return enqueue(std::move(o));

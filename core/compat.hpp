@@ -44,15 +44,6 @@ KOKKOS_INLINE_FUNCTION bool isfinite(T x) {
   return (x - x) == T(0);
 }
 
-/// Profiling region guard (Kokkos::Profiling::ScopedRegion is 4.x only).
-class ScopedRegion {
- public:
-  explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }
-  ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
-  ScopedRegion(const ScopedRegion&) = delete;
-  ScopedRegion& operator=(const ScopedRegion&) = delete;
-};
-
 /// Rank of a view type as an int (View::rank() is a call only in 4.x).
 template <class V>
 constexpr int view_rank() {

@@ -31,12 +31,30 @@ class NumericalError : public Error {
   int info() const noexcept { return info_; }
   const std::string& reason() const noexcept { return reason_; }
 
+ protected:
+  /// For subclasses that format their own message.
+  NumericalError(const std::string& message, std::string operation, long long dim, int info, std::string reason);
+
  private:
   std::string operation_;
   long long dim_;
   double damping_;
   int info_;
   std::string reason_;
+};
+
+/// NaN or Inf where finite values are required (a matrix to invert, a tensor of an Adasum
+/// all-reduce, K-FAC activations). Names the operation, the view or tensor label, its size and
+/// the rank where the value was found (-1 when only this process looked).
+class NonFiniteError : public NumericalError {
+ public:
+  NonFiniteError(std::string operation, std::string label, long long elements, int rank, std::string detail = "");
+  const std::string& label() const noexcept { return label_; }
+  int rank() const noexcept { return rank_; }
+
+ private:
+  std::string label_;
+  int rank_;
 };
 
 /// An error reported by a third-party library (BLAS, LAPACK, cuSOLVER, cuBLAS, NCCL, MPI).

@@ -10,6 +10,7 @@
 #include <kdist/core/error.hpp>
 #include <kdist/core/impl/lapack_host.hpp>
 #include <kdist/core/packed.hpp>
+#include <kdist/core/phase.hpp>
 #include <kdist/core/products.hpp>
 #include <kdist/core/views.hpp>
 
@@ -169,7 +170,7 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
   using MemSpace = typename IV::memory_space;
   const char* func = method == InverseMethod::cholesky ? "kdist::spd_inverse(cholesky)" : "kdist::spd_inverse(eigen)";
   impl::check_square_pair<ExecSpace>(func, A, inv);
-  compat::ScopedRegion region(func);
+  Phase phase(func);
   const int n = static_cast<int>(A.extent(0));
   if (!std::isfinite(damping)) throw NumericalError(func, n, damping, 0, "non-finite damping");
   if (n == 0) return;

@@ -33,10 +33,10 @@ int main(int argc, char** argv) {
       for (auto op : {kdist::comm::OpKind::allreduce, kdist::comm::OpKind::broadcast})
         for (auto dt : {kdist::comm::DType::float32, kdist::comm::DType::float64}) {
           const auto m = kdist::comm::calibrate_collective(engine, op, dt, opt);
-          store.set({kdist::comm::to_string(op), kdist::comm::to_string(dt), world.size(), world.kind()}, m);
+          store.set({kdist::comm::to_string(op), kdist::to_string(dt), world.size(), world.kind()}, m);
           if (world.rank() == 0)
             std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::comm::to_string(op),
-                        kdist::comm::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
+                        kdist::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
         }
       if (inverse_max_d > 0) {
         const auto m = kdist::comm::calibrate_inverse(inverse_max_d, budget);
