@@ -1,4 +1,31 @@
+// How the Adasum all-reduce is computed (the contract is in allreduce.hpp).
+//
+// The algorithm (vector-halving distance-doubling, one engine Schedule): at distance d = 1, 2, 4
+// ... partner v XOR d; the lower virtual rank keeps the first floor(n/2) elements of its current
+// slice and sends the rest; the partials [a.b, a.a, b.b] of each tensor are summed over the 2d
+// virtual ranks that hold pieces of the two vectors (point-to-point recursive doubling, so every
+// holder gets bit-identical sums) and applied; then the slices are all-gathered in reverse order.
+// Per rank this moves at most 2 (P'-1)/P' n elements of vector data (P' = 2^k; up to one element
+// more per level when halves are uneven), plus n twice for a folded pair, in at most 2k + 2
+// exchanges, and makes k small reductions (AdasumCounters reports both).
+//
+// Hierarchical mode (node size s): average inside each node by reduce-scatter (the buffer is
+// padded to a multiple of s), run the algorithm above across nodes on each slice, with a
+// tensor's partials summed over every rank holding a piece of it (the node's other slices
+// included), then all-gather inside the node. The result is exactly Adasum over node averages.
+//
+// Range: partials are accumulated in double, and a squared norm below sqrt(DBL_MIN) (~1.5e-154)
+// counts as zero (coefficient 1). For float storage no representable tensor is that
+// small; for double storage, tensors with norms below ~1e-77 are treated as zero.
+//
+// NaN or Inf in any input: every rank throws kdist::NonFiniteError naming the first such
+// tensor (by label) and the lowest rank where it appeared. The rank of each tensor's non-finite
+// input travels with the partial sums (a min), so detection costs no extra message. Buffer
+// contents are unspecified after this error. (Double inputs above ~1e154 in magnitude, whose
+// squared norms overflow, are reported the same way: Adasum's coefficients overflow there too.)
 #include <kdist/adasum/allreduce.hpp>
+
+#include <functional>
 
 #include <algorithm>
 #include <limits>
@@ -6,14 +33,15 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 namespace kdist {
 namespace adasum {
 
-Topology::Topology(const comm::Communicator& world, int node_size)
-    : node_(world.node(node_size)), cross_(world.cross_node(node_size)) {
-  for (int l = 0; l < node_.size(); ++l) node_peers_.push_back(node_.rank_in(world, l));
-  for (int x = 0; x < cross_.size(); ++x) cross_peers_.push_back(cross_.rank_in(world, x));
+Topology::Topology(comm::Engine& engine, int node_size)
+    : engine_id_(&engine), node_(engine.node_group(node_size)), cross_(engine.cross_node_group(node_size)) {
+  for (int l = 0; l < node_.size(); ++l) node_peers_.push_back(node_.rank_in(engine.communicator(), l));
+  for (int x = 0; x < cross_.size(); ++x) cross_peers_.push_back(cross_.rank_in(engine.communicator(), x));
 }
 
 namespace {
@@ -68,6 +96,7 @@ constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
 template <class T>
 struct State {
   T* data = nullptr;
+  std::function<void()> on_success;  // copies the result back to the caller's view
   std::size_t n = 0, m = 0, g0 = 0;  // buffer size; slice length and global offset of the slice
   std::vector<std::size_t> bounds;
   std::vector<std::string> labels;
@@ -95,6 +124,7 @@ struct State {
 
   std::size_t msg() const { return (kPartials + 1) * tensors; }
   double* bad() { return part.data() + kPartials * tensors; }
+  const double* bad() const { return part.data() + kPartials * tensors; }
 
   void add_into_part(const std::vector<double>& x) {
     for (std::size_t i = 0; i < kPartials * tensors; ++i) part[i] += x[i];
@@ -114,6 +144,10 @@ struct State {
   }
   void finish() {
     if (counters) *counters = planned;
+    check_finite();
+    if (on_success) on_success();
+  }
+  void check_finite() const {
     for (std::size_t t = 0; t < tensors; ++t)
       if (bad()[t] != kNoRank) {
         throw NonFiniteError("kdist::adasum::allreduce", t < labels.size() ? labels[t] : "tensor " + std::to_string(t),
@@ -134,200 +168,262 @@ void scan_nonfinite(State<T>& st, int my_rank) {
   }
 }
 
+// Builds the schedule of one all-reduce, step by step. The tree it computes is documented in
+// allreduce.hpp; each method below adds the steps of one phase.
+template <class T>
+class Builder {
+ public:
+  Builder(comm::Engine& engine, std::shared_ptr<State<T>> st, const Topology* hier)
+      : st_(std::move(st)), s_(*st_), hier_(hier), me_(engine.rank()) {
+    k_ = hier ? hier->node().size() : 1;
+    N_ = hier ? hier->cross().size() : engine.size();
+    c_ = hier ? hier->cross().rank() : me_;
+    s_.node_size = k_;
+    s_.local = hier ? hier->node().rank() : 0;
+    while (Pp_ * 2 <= N_) {
+      Pp_ *= 2;
+      ++L_;
+    }
+    q_ = N_ - Pp_;
+  }
+
+  comm::Schedule build() {
+    node_average();
+    lo_ = 0;
+    hi_ = s_.m;
+    const bool folded_away = c_ < 2 * q_ && c_ % 2 == 1;
+    folds_in_ = c_ < 2 * q_ && c_ % 2 == 0;
+    // Flat mode reads every raw input exactly once in the first partials step (the fold, or
+    // level 0), which attributes non-finite values to their rank; otherwise scan up front.
+    raw_ = k_ == 1;
+    if (!raw_ || (L_ == 0 && q_ == 0)) scan_nonfinite(s_, me_);
+    if (folded_away) {
+      fold_away();
+    } else {
+      v_ = folds_in_ ? c_ / 2 : c_ - q_;
+      // Scratch: the whole slice for the fold, half of it for the halving steps.
+      s_.tmp_buf = ScratchPool<T>::get(folds_in_ ? s_.m : (s_.m + 1) / 2);
+      if (folds_in_) fold_in();
+      for (int l = 0; l < L_; ++l) halving_level(l);
+      for (int l = L_ - 1; l >= 0; --l) gather_level(l);
+      if (folds_in_) unfold();
+    }
+    node_gather();
+    sched_.step().then([st = st_] { st->finish(); });
+    return std::move(sched_);
+  }
+
+ private:
+  using Buffer = comm::Buffer;
+  int mi() const { return static_cast<int>(s_.m); }
+  int msg() const { return static_cast<int>(s_.msg()); }
+  int cross_rank(int x) const { return hier_ ? hier_->cross_peer(x) : x; }
+  int real(int virt) const { return cross_rank(virt < q_ ? 2 * virt : virt + q_); }
+
+  // Hierarchical: the node average, by reduce-scatter of a padded copy.
+  void node_average() {
+    if (k_ <= 1) {
+      s_.m = s_.n;
+      s_.g0 = 0;
+      s_.S = s_.data;
+      return;
+    }
+    const std::size_t k = static_cast<std::size_t>(k_);
+    s_.m = (s_.n + k - 1) / k;
+    s_.g0 = s_.m * static_cast<std::size_t>(s_.local);
+    s_.padded.assign(s_.m * k, T(0));
+    std::copy(s_.data, s_.data + s_.n, s_.padded.begin());
+    s_.slice.assign(s_.m, T(0));
+    s_.S = s_.slice.data();
+    s_.node_parts.assign(k, std::vector<double>(s_.msg(), 0.0));
+    sched_.step()
+        .reduce_scatter(comm::Group::of(hier_->node()), Buffer::host(s_.padded.data(), s_.padded.size()),
+                        Buffer::host(s_.slice.data(), s_.m))
+        .then([st = st_, k] {
+          const T f = T(1) / static_cast<T>(k);
+          for (auto& x : st->slice) x *= f;
+        });
+  }
+
+  // Hierarchical: the partials of the pair just formed are summed over the node's slices.
+  void node_sum(int tag) {
+    if (k_ <= 1) return;
+    sched_.step();
+    for (int l = 0; l < k_; ++l) {
+      if (l == s_.local) continue;
+      sched_.send(hier_->node_peer(l), Buffer::host(s_.part.data(), s_.msg()), tag);
+      sched_.recv(hier_->node_peer(l), Buffer::host(s_.node_parts[static_cast<std::size_t>(l)].data(), s_.msg()), tag);
+    }
+    sched_.then([st = st_] { st->sum_node(); });
+    s_.planned.partial_bytes_sent += static_cast<long long>(k_ - 1) * msg() * 8;
+  }
+
+  // Odd rank 2i+1 (i < q) hands its vector to 2i and gets the result back at the end.
+  void fold_away() {
+    const int peer = cross_rank(c_ - 1);
+    sched_.step()
+        .send(peer, Buffer::host(s_.S, s_.m), kTagFold)
+        .send(peer, Buffer::host(s_.bad(), s_.tensors), kTagFoldBad);
+    sched_.step()
+        .recv(peer, Buffer::host(s_.S, s_.m), kTagUnfold)
+        .recv(peer, Buffer::host(s_.bad(), s_.tensors), kTagUnfoldBad);
+    s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
+    s_.planned.vector_exchanges += 2;
+  }
+
+  // Even rank 2i (i < q) combines its partner's vector with its own as a.
+  void fold_in() {
+    const int odd = cross_rank(c_ + 1);
+    s_.fold_bad.assign(s_.tensors, kNoRank);
+    sched_.step()
+        .recv(odd, Buffer::host(s_.tmp(), s_.m), kTagFold)
+        .recv(odd, Buffer::host(s_.fold_bad.data(), s_.tensors), kTagFoldBad)
+        .then([st = st_, raw = raw_, me = me_, odd] {
+          partials(Host(), st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data(), raw ? &st->bad_a : nullptr,
+                   raw ? &st->bad_b : nullptr);
+          if (raw) st->attribute(me, odd);
+          for (std::size_t t = 0; t < st->tensors; ++t) st->bad()[t] = std::min(st->bad()[t], st->fold_bad[t]);
+        });
+    s_.planned.vector_exchanges += 1;
+    node_sum(kTagNode + 63);
+    if (k_ > 1) s_.planned.partial_reductions += 1;
+    sched_.step().then(
+        [st = st_] { apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data()); });
+  }
+
+  // Level l of vector halving, distance doubling: exchange halves with partner v XOR 2^l, form
+  // the partials of the kept half, sum them over the 2^(l+1) holders, apply.
+  void halving_level(int l) {
+    const int d = 1 << l;
+    const int partner = real(v_ ^ d);
+    const bool lower = (v_ & d) == 0;
+    slices_.push_back({lo_, hi_});
+    // Level 0 of flat mode reads raw inputs, except those of ranks that folded one in.
+    const bool mine_raw = raw_ && l == 0 && v_ >= q_, theirs_raw = raw_ && l == 0 && (v_ ^ d) >= q_;
+    const bool raw_here = mine_raw || theirs_raw;
+    const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
+    const std::size_t mid = lo_ + (hi_ - lo_) / 2;
+    const std::size_t keep_lo = lower ? lo_ : mid, keep_hi = lower ? mid : hi_;
+    const std::size_t send_lo = lower ? mid : lo_, send_hi = lower ? hi_ : mid;
+    sched_.step()
+        .send(partner, Buffer::host(s_.S + send_lo, send_hi - send_lo), kTagHalve + l)
+        .recv(partner, Buffer::host(s_.tmp(), keep_hi - keep_lo), kTagHalve + l)
+        .then([st = st_, lower, keep_lo, keep_hi, raw_here, mine_from, theirs_from] {
+          T* mine = st->S + keep_lo;
+          const T* theirs = st->tmp();
+          partials(Host(), lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo,
+                   st->bounds, st->part.data(), raw_here ? &st->bad_a : nullptr, raw_here ? &st->bad_b : nullptr);
+          if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+        });
+    s_.planned.vector_bytes_sent += static_cast<long long>(send_hi - send_lo) * sizeof(T);
+    s_.planned.vector_exchanges += 1;
+    node_sum(kTagNode + l);
+    sum_partials_over_holders(l);
+    sched_.step().then([st = st_, lower, keep_lo, keep_hi] {
+      T* mine = st->S + keep_lo;
+      const T* theirs = st->tmp();
+      apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds,
+            st->part.data());
+    });
+    lo_ = keep_lo;
+    hi_ = keep_hi;
+  }
+
+  // Recursive doubling over the 2^(l+1) virtual ranks holding pieces of a and b, in a fixed
+  // order, so every holder gets bit-identical sums.
+  void sum_partials_over_holders(int l) {
+    for (int r = 0; r <= l; ++r) {
+      const int peer = real(v_ ^ (1 << r));
+      sched_.step()
+          .send(peer, Buffer::host(s_.part.data(), s_.msg()), kTagCross + 32 * l + r)
+          .recv(peer, Buffer::host(s_.other.data(), s_.msg()), kTagCross + 32 * l + r)
+          .then([st = st_] { st->add_into_part(st->other); });
+      s_.planned.partial_bytes_sent += static_cast<long long>(msg()) * 8;
+    }
+    s_.planned.partial_reductions += 1;
+  }
+
+  // All-gather in reverse: hand the partner this rank's piece of the level-l slice.
+  void gather_level(int l) {
+    const int partner = real(v_ ^ (1 << l));
+    const std::size_t plo = slices_[static_cast<std::size_t>(l)].first;
+    const std::size_t phi = slices_[static_cast<std::size_t>(l)].second;
+    const std::size_t olo = lo_ == plo ? hi_ : plo, ohi = lo_ == plo ? phi : lo_;  // partner's piece
+    sched_.step()
+        .send(partner, Buffer::host(s_.S + lo_, hi_ - lo_), kTagGather + l)
+        .recv(partner, Buffer::host(s_.S + olo, ohi - olo), kTagGather + l);
+    s_.planned.vector_bytes_sent += static_cast<long long>(hi_ - lo_) * sizeof(T);
+    s_.planned.vector_exchanges += 1;
+    lo_ = plo;
+    hi_ = phi;
+  }
+
+  void unfold() {
+    const int odd = cross_rank(c_ + 1);
+    sched_.step()
+        .send(odd, Buffer::host(s_.S, s_.m), kTagUnfold)
+        .send(odd, Buffer::host(s_.bad(), s_.tensors), kTagUnfoldBad);
+    s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
+    s_.planned.vector_exchanges += 1;
+  }
+
+  // Hierarchical: all-gather the slices inside the node.
+  void node_gather() {
+    if (k_ <= 1) return;
+    if (L_ == 0) node_sum(kTagNode + 62);  // one node: still agree on non-finite inputs
+    sched_.step()
+        .allgather(comm::Group::of(hier_->node()), Buffer::host(s_.slice.data(), s_.m),
+                   Buffer::host(s_.padded.data(), s_.padded.size()))
+        .then([st = st_] { std::copy(st->padded.begin(), st->padded.begin() + static_cast<long>(st->n), st->data); });
+  }
+
+  std::shared_ptr<State<T>> st_;
+  State<T>& s_;
+  const Topology* hier_;
+  comm::Schedule sched_{"adasum"};
+  int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
+  bool raw_ = true, folds_in_ = false;
+  std::size_t lo_ = 0, hi_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> slices_;  // slice before each level
+};
+
 }  // namespace
 
+namespace impl {
+
 template <class T>
-comm::Request allreduce(comm::Engine& engine, T* data, std::size_t n, std::vector<std::size_t> bounds,
-                        std::vector<std::string> labels, const Topology* hier, AdasumCounters* counters) {
-  impl::check_bounds("kdist::adasum::allreduce", bounds, n);
+comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Topology* hier,
+                             AdasumCounters* counters, std::function<void()> on_success) {
+  check_bounds("kdist::adasum::allreduce", layout.bounds, n);
+  if (hier && hier->engine() != &engine)
+    kdist::impl::throw_invalid("kdist::adasum::allreduce", "the Topology was built from another Engine");
   auto st = std::make_shared<State<T>>();
   State<T>& s = *st;
   s.data = data;
   s.n = n;
-  s.bounds = std::move(bounds);
-  s.labels = std::move(labels);
+  s.bounds = layout.bounds;
+  s.labels = layout.labels;
   s.tensors = s.bounds.size() - 1;
   s.counters = counters;
+  s.on_success = std::move(on_success);
   s.part.assign(s.msg(), 0.0);
   s.other.assign(s.msg(), 0.0);
   for (std::size_t t = 0; t < s.tensors; ++t) s.bad()[t] = kNoRank;
-  const int me = engine.rank();
-
-  const MPI_Datatype type = comm::mpi_type<T>();
-  const int k = hier ? hier->node().size() : 1;
-  const int N = hier ? hier->cross().size() : engine.size();
-  const int c = hier ? hier->cross().rank() : me;
-  s.node_size = k;
-  s.local = hier ? hier->node().rank() : 0;
-  auto cross_rank = [&](int x) { return hier ? hier->cross_peer(x) : x; };
-  comm::Schedule sched("adasum");
-
-  // ---- hierarchical: node average by reduce-scatter on a padded copy -------------------------
-  if (k > 1) {
-    s.m = (n + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
-    s.g0 = s.m * static_cast<std::size_t>(s.local);
-    s.padded.assign(s.m * static_cast<std::size_t>(k), T(0));
-    std::copy(data, data + n, s.padded.begin());
-    s.slice.assign(s.m, T(0));
-    s.S = s.slice.data();
-    s.node_parts.assign(static_cast<std::size_t>(k), std::vector<double>(s.msg(), 0.0));
-    sched.step()
-        .reduce_scatter_block(hier->node().raw(), s.padded.data(), s.slice.data(), static_cast<int>(s.m), type)
-        .then([st, k] {
-          const T f = T(1) / static_cast<T>(k);
-          for (auto& x : st->slice) x *= f;
-        });
-  } else {
-    s.m = n;
-    s.g0 = 0;
-    s.S = data;
-  }
-  const int mi = static_cast<int>(s.m);
-  const int msg = static_cast<int>(s.msg());
-
-  // Partials of the pair just formed are summed over the node's slices (hierarchical).
-  auto node_sum_step = [&](int tag) {
-    if (k <= 1) return;
-    sched.step();
-    for (int l = 0; l < k; ++l) {
-      if (l == s.local) continue;
-      sched.send(hier->node_peer(l), s.part.data(), msg, MPI_DOUBLE, tag);
-      sched.recv(hier->node_peer(l), s.node_parts[static_cast<std::size_t>(l)].data(), msg, MPI_DOUBLE, tag);
-    }
-    sched.then([st] { st->sum_node(); });
-    s.planned.partial_bytes_sent += static_cast<long long>(k - 1) * msg * 8;
-  };
-
-  // ---- fold for rank counts that are not powers of two ---------------------------------------
-  int Pp = 1, L = 0;
-  while (Pp * 2 <= N) {
-    Pp *= 2;
-    ++L;
-  }
-  const int q = N - Pp;
-  const bool folded_away = c < 2 * q && c % 2 == 1;
-  const bool folds_in = c < 2 * q && c % 2 == 0;
-  // Flat mode reads every raw input exactly once in the first partials step (the fold, or level
-  // 0), which attributes non-finite values to their rank; otherwise scan up front.
-  const bool raw = k == 1;
-  if (!raw || (L == 0 && q == 0)) scan_nonfinite(s, me);
-  if (folded_away) {
-    sched.step()
-        .send(cross_rank(c - 1), s.S, mi, type, kTagFold)
-        .send(cross_rank(c - 1), s.bad(), static_cast<int>(s.tensors), MPI_DOUBLE, kTagFoldBad);
-    sched.step()
-        .recv(cross_rank(c - 1), s.S, mi, type, kTagUnfold)
-        .recv(cross_rank(c - 1), s.bad(), static_cast<int>(s.tensors), MPI_DOUBLE, kTagUnfoldBad);
-    s.planned.vector_bytes_sent += static_cast<long long>(s.m) * sizeof(T);
-    s.planned.vector_exchanges += 2;
-  } else {
-    const int v = folds_in ? c / 2 : c - q;
-    auto real = [&](int virt) { return cross_rank(virt < q ? 2 * virt : virt + q); };
-    // Scratch: the whole slice for the fold, half of it for the halving steps.
-    s.tmp_buf = ScratchPool<T>::get(folds_in ? s.m : (s.m + 1) / 2);
-    if (folds_in) {
-      s.fold_bad.assign(s.tensors, kNoRank);
-      sched.step()
-          .recv(cross_rank(c + 1), s.tmp(), mi, type, kTagFold)
-          .recv(cross_rank(c + 1), s.fold_bad.data(), static_cast<int>(s.tensors), MPI_DOUBLE, kTagFoldBad)
-          .then([st, raw, me, odd = cross_rank(c + 1)] {
-            partials(Host(), st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data(), raw ? &st->bad_a : nullptr,
-                     raw ? &st->bad_b : nullptr);
-            if (raw) st->attribute(me, odd);
-            for (std::size_t t = 0; t < st->tensors; ++t) st->bad()[t] = std::min(st->bad()[t], st->fold_bad[t]);
-          });
-      s.planned.vector_exchanges += 1;
-      node_sum_step(kTagNode + 63);
-      if (k > 1) s.planned.partial_reductions += 1;
-      sched.step().then([st] { apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data()); });
-    }
-
-    // ---- vector halving, distance doubling -----------------------------------------------------
-    std::vector<std::pair<std::size_t, std::size_t>> slices;  // slice before each level
-    std::size_t lo = 0, hi = s.m;
-    for (int l = 0; l < L; ++l) {
-      const int d = 1 << l;
-      const int partner = real(v ^ d);
-      const bool lower = (v & d) == 0;
-      slices.push_back({lo, hi});
-      // Level 0 of flat mode reads raw inputs, except those of ranks that folded one in.
-      const bool mine_raw = raw && l == 0 && v >= q, theirs_raw = raw && l == 0 && (v ^ d) >= q;
-      const bool raw_here = mine_raw || theirs_raw;
-      const double mine_from = mine_raw ? me : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
-      const std::size_t first = (hi - lo) / 2, mid = lo + first;
-      const std::size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
-      const std::size_t send_lo = lower ? mid : lo, send_hi = lower ? hi : mid;
-      sched.step()
-          .send(partner, s.S + send_lo, static_cast<int>(send_hi - send_lo), type, kTagHalve + l)
-          .recv(partner, s.tmp(), static_cast<int>(keep_hi - keep_lo), type, kTagHalve + l)
-          .then([st, lower, keep_lo, keep_hi, raw_here, mine_from, theirs_from] {
-            T* mine = st->S + keep_lo;
-            const T* theirs = st->tmp();
-            const T* a = lower ? mine : theirs;
-            const T* b = lower ? theirs : mine;
-            partials(Host(), a, b, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds, st->part.data(),
-                     raw_here ? &st->bad_a : nullptr, raw_here ? &st->bad_b : nullptr);
-            if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
-          });
-      s.planned.vector_bytes_sent += static_cast<long long>(send_hi - send_lo) * sizeof(T);
-      s.planned.vector_exchanges += 1;
-      node_sum_step(kTagNode + l);
-      // Sum over the 2d virtual ranks holding pieces of a and b: recursive doubling.
-      for (int r = 0; r <= l; ++r) {
-        sched.step()
-            .send(real(v ^ (1 << r)), s.part.data(), msg, MPI_DOUBLE, kTagCross + 32 * l + r)
-            .recv(real(v ^ (1 << r)), s.other.data(), msg, MPI_DOUBLE, kTagCross + 32 * l + r)
-            .then([st] { st->add_into_part(st->other); });
-        s.planned.partial_bytes_sent += static_cast<long long>(msg) * 8;
-      }
-      s.planned.partial_reductions += 1;
-      sched.step().then([st, lower, keep_lo, keep_hi] {
-        T* mine = st->S + keep_lo;
-        const T* theirs = st->tmp();
-        apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo,
-              st->bounds, st->part.data());
-      });
-      lo = keep_lo;
-      hi = keep_hi;
-    }
-    // ---- all-gather in reverse --------------------------------------------------------------
-    for (int l = L - 1; l >= 0; --l) {
-      const int partner = real(v ^ (1 << l));
-      const std::size_t plo = slices[static_cast<std::size_t>(l)].first,
-                        phi = slices[static_cast<std::size_t>(l)].second;
-      const std::size_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo;  // partner's piece
-      sched.step()
-          .send(partner, s.S + lo, static_cast<int>(hi - lo), type, kTagGather + l)
-          .recv(partner, s.S + olo, static_cast<int>(ohi - olo), type, kTagGather + l);
-      s.planned.vector_bytes_sent += static_cast<long long>(hi - lo) * sizeof(T);
-      s.planned.vector_exchanges += 1;
-      lo = plo;
-      hi = phi;
-    }
-    if (folds_in) {
-      sched.step()
-          .send(cross_rank(c + 1), s.S, mi, type, kTagUnfold)
-          .send(cross_rank(c + 1), s.bad(), static_cast<int>(s.tensors), MPI_DOUBLE, kTagUnfoldBad);
-      s.planned.vector_bytes_sent += static_cast<long long>(s.m) * sizeof(T);
-      s.planned.vector_exchanges += 1;
-    }
-  }
-
-  // ---- hierarchical: all-gather inside the node ---------------------------------------------
-  if (k > 1) {
-    if (L == 0) node_sum_step(kTagNode + 62);  // one node: still agree on non-finite inputs
-    sched.step().allgather(hier->node().raw(), s.slice.data(), s.padded.data(), mi, type).then([st] {
-      std::copy(st->padded.begin(), st->padded.begin() + static_cast<long>(st->n), st->data);
-    });
-  }
-  sched.step().then([st] { st->finish(); });
-  return engine.submit(std::move(sched), static_cast<long long>(n), comm::dtype_of<T>());
+  Builder<T> builder(engine, st, hier);
+  comm::Schedule sched = builder.build();
+  comm::OpDescription what;
+  what.dtype = dtype_of<T>();
+  what.count = static_cast<long long>(n);
+  what.label = "adasum";
+  what.layout = std::move(layout);
+  return engine.submit(std::move(sched), std::move(what));
 }
 
-template comm::Request allreduce<float>(comm::Engine&, float*, std::size_t, std::vector<std::size_t>,
-                                        std::vector<std::string>, const Topology*, AdasumCounters*);
-template comm::Request allreduce<double>(comm::Engine&, double*, std::size_t, std::vector<std::size_t>,
-                                         std::vector<std::string>, const Topology*, AdasumCounters*);
+template comm::Request allreduce_host<float>(comm::Engine&, float*, std::size_t, comm::Layout, const Topology*,
+                                             AdasumCounters*, std::function<void()>);
+template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_t, comm::Layout, const Topology*,
+                                              AdasumCounters*, std::function<void()>);
 
+}  // namespace impl
 }  // namespace adasum
 }  // namespace kdist

@@ -11,12 +11,11 @@ namespace adasum {
 enum class GradientReduction { sum, average, adasum };
 
 /// The FusedAllreducer reduction for `mode`. Adasum combines per tensor (the fused buffer's
-/// tensor boundaries) and, with `topology`, runs hierarchically; the topology must outlive the
-/// reducer.
-template <class T>
-typename comm::FusedAllreducer<T>::Reduction make_reduction(GradientReduction mode,
-                                                            const Topology* topology = nullptr) {
-  using FA = comm::FusedAllreducer<T>;
+/// layout) and, with `topology`, runs hierarchically; the topology must outlive the reducer.
+template <class T, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
+typename comm::FusedAllreducer<T, MemorySpace>::Reduction make_reduction(GradientReduction mode,
+                                                                         const Topology* topology = nullptr) {
+  using FA = comm::FusedAllreducer<T, MemorySpace>;
   switch (mode) {
     case GradientReduction::sum:
       return FA::sum();
@@ -25,9 +24,9 @@ typename comm::FusedAllreducer<T>::Reduction make_reduction(GradientReduction mo
     case GradientReduction::adasum:
       break;
   }
-  return [topology](comm::Engine& e, const typename FA::Buffer& b, const std::vector<std::size_t>& bounds,
-                    const std::vector<std::string>& labels,
-                    const std::string&) { return allreduce<T>(e, b.data(), b.extent(0), bounds, labels, topology); };
+  return [topology](comm::Engine& e, const typename FA::execution_space& exec, const typename FA::Buffer& b,
+                    const comm::Layout& layout,
+                    const std::string&) { return allreduce(exec, e, b, layout.bounds, layout.labels, topology); };
 }
 
 }  // namespace adasum

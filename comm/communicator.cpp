@@ -17,7 +17,8 @@ void check_mpi(int rc, const char* call, int rank) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw BackendError(std::string("kdist::comm: ") + call + " failed on rank " + std::to_string(rank) + ": " +
+  throw BackendError(std::string("kdist::comm: ") + call + " failed" +
+                     (rank >= 0 ? " on rank " + std::to_string(rank) : std::string()) + ": " +
                      std::string(text, static_cast<std::size_t>(len)));
 }
 }  // namespace impl
@@ -37,7 +38,11 @@ const char* level_name(int level) {
       return "unknown";
   }
 }
-std::shared_ptr<MPI_Comm> owned(MPI_Comm c) {
+}  // namespace
+
+std::shared_ptr<MPI_Comm> Communicator::own(MPI_Comm c) {
+  // kdist raises its own errors: MPI returns codes instead of aborting the job.
+  if (c != MPI_COMM_NULL) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
   return std::shared_ptr<MPI_Comm>(new MPI_Comm(c), [](MPI_Comm* p) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -45,14 +50,13 @@ std::shared_ptr<MPI_Comm> owned(MPI_Comm c) {
     delete p;
   });
 }
-}  // namespace
 
 void require_thread_level(int level, const char* who) {
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  impl::check_mpi(MPI_Initialized(&initialized), "MPI_Initialized", -1);
   if (!initialized) throw Error(std::string(who) + ": MPI is not initialised (kdist never initialises it)");
   int provided = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&provided);
+  impl::check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread", -1);
   if (provided < level)
     throw Error(std::string(who) + ": needs MPI thread level " + level_name(level) + ", MPI provides " +
                 level_name(provided) + "; initialise MPI with MPI_Init_thread(" + level_name(level) + ")");
@@ -62,18 +66,18 @@ Communicator::Communicator(MPI_Comm comm, std::string kind) : kind_(std::move(ki
   // The engine calls MPI only from the caller's thread; FUNNELED is the least it needs.
   require_thread_level(MPI_THREAD_FUNNELED, "kdist::comm::Communicator");
   MPI_Comm dup = MPI_COMM_NULL;
-  int world_rank = 0;
-  MPI_Comm_rank(comm, &world_rank);
+  int world_rank = -1;
+  impl::check_mpi(MPI_Comm_rank(comm, &world_rank), "MPI_Comm_rank", world_rank);
   impl::check_mpi(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup", world_rank);
-  comm_ = owned(dup);
-  MPI_Comm_rank(dup, &rank_);
-  MPI_Comm_size(dup, &size_);
+  comm_ = own(dup);
+  impl::check_mpi(MPI_Comm_rank(dup, &rank_), "MPI_Comm_rank", world_rank);
+  impl::check_mpi(MPI_Comm_size(dup, &size_), "MPI_Comm_size", world_rank);
 }
 
-Communicator::Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind)
-    : comm_(std::move(comm)), kind_(std::move(kind)) {
-  MPI_Comm_rank(*comm_, &rank_);
-  MPI_Comm_size(*comm_, &size_);
+Communicator::Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind, std::uint64_t engine_id)
+    : comm_(std::move(comm)), kind_(std::move(kind)), engine_id_(engine_id) {
+  impl::check_mpi(MPI_Comm_rank(*comm_, &rank_), "MPI_Comm_rank", -1);
+  impl::check_mpi(MPI_Comm_size(*comm_, &size_), "MPI_Comm_size", rank_);
 }
 
 int Communicator::node_color(int node_size, int* local_rank, int* local_size) const {
@@ -89,12 +93,12 @@ int Communicator::node_color(int node_size, int* local_rank, int* local_size) co
   MPI_Comm shm = MPI_COMM_NULL;
   impl::check_mpi(MPI_Comm_split_type(*comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shm), "MPI_Comm_split_type",
                   rank_);
-  MPI_Comm_rank(shm, local_rank);
-  MPI_Comm_size(shm, local_size);
+  auto owned_shm = own(shm);
+  impl::check_mpi(MPI_Comm_rank(shm, local_rank), "MPI_Comm_rank", rank_);
+  impl::check_mpi(MPI_Comm_size(shm, local_size), "MPI_Comm_size", rank_);
   // Node id: the lowest communicator rank on the node.
   int leader = rank_;
-  MPI_Allreduce(&rank_, &leader, 1, MPI_INT, MPI_MIN, shm);
-  MPI_Comm_free(&shm);
+  impl::check_mpi(MPI_Allreduce(&rank_, &leader, 1, MPI_INT, MPI_MIN, shm), "MPI_Allreduce", rank_);
   return leader;
 }
 
@@ -103,22 +107,22 @@ Communicator Communicator::node(int node_size) const {
   const int color = node_color(node_size, &local_rank, &local_size);
   MPI_Comm c = MPI_COMM_NULL;
   impl::check_mpi(MPI_Comm_split(*comm_, color, rank_, &c), "MPI_Comm_split", rank_);
-  return Communicator(owned(c), "node");
+  return Communicator(own(c), "node", engine_id_);
 }
 
 Communicator Communicator::cross_node(int node_size) const {
   int local_rank = 0, local_size = 0;
   node_color(node_size, &local_rank, &local_size);
   int min_size = local_size, max_size = local_size;
-  MPI_Allreduce(&local_size, &min_size, 1, MPI_INT, MPI_MIN, *comm_);
-  MPI_Allreduce(&local_size, &max_size, 1, MPI_INT, MPI_MAX, *comm_);
+  impl::check_mpi(MPI_Allreduce(&local_size, &min_size, 1, MPI_INT, MPI_MIN, *comm_), "MPI_Allreduce", rank_);
+  impl::check_mpi(MPI_Allreduce(&local_size, &max_size, 1, MPI_INT, MPI_MAX, *comm_), "MPI_Allreduce", rank_);
   if (min_size != max_size)
     throw InvalidArgument("kdist::comm::Communicator::cross_node: nodes have unequal sizes (" +
                           std::to_string(min_size) + " to " + std::to_string(max_size) + " ranks; rank " +
                           std::to_string(rank_) + " is on a node of " + std::to_string(local_size) + ")");
   MPI_Comm c = MPI_COMM_NULL;
   impl::check_mpi(MPI_Comm_split(*comm_, local_rank, rank_, &c), "MPI_Comm_split", rank_);
-  return Communicator(owned(c), "cross-node");
+  return Communicator(own(c), "cross-node", engine_id_);
 }
 
 #if KDIST_ENABLE_NCCL
@@ -130,12 +134,13 @@ nccl::Comm& Communicator::nccl() const {
 
 int Communicator::rank_in(const Communicator& other, int r) const {
   MPI_Group mine, theirs;
-  MPI_Comm_group(*comm_, &mine);
-  MPI_Comm_group(other.raw(), &theirs);
+  impl::check_mpi(MPI_Comm_group(*comm_, &mine), "MPI_Comm_group", rank_);
+  impl::check_mpi(MPI_Comm_group(other.raw(), &theirs), "MPI_Comm_group", rank_);
   int out = MPI_UNDEFINED;
-  MPI_Group_translate_ranks(mine, 1, &r, theirs, &out);
+  const int rc = MPI_Group_translate_ranks(mine, 1, &r, theirs, &out);
   MPI_Group_free(&mine);
   MPI_Group_free(&theirs);
+  impl::check_mpi(rc, "MPI_Group_translate_ranks", rank_);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <mpi.h>
 #include <kdist/config.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,12 +30,16 @@ class Communicator {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const std::string& kind() const noexcept { return kind_; }
-  /// kdist's private duplicate (use it to build schedules; never free it).
+  /// kdist's private duplicate (never free it). Engines do not talk on it: each duplicates it.
   MPI_Comm raw() const noexcept { return *comm_; }
+  /// Id of the Engine whose wire this is a group of (0: a user communicator).
+  std::uint64_t engine_id() const noexcept { return engine_id_; }
 
   /// Ranks on the same node. With node_size > 0 nodes are imposed: consecutive blocks of
   /// node_size ranks; size() must be a multiple of node_size. Otherwise MPI_Comm_split_type
-  /// (shared memory). Collective.
+  /// (shared memory). Collective (blocking) over this communicator, which no Engine talks on:
+  /// call it in the same order on every rank, like any MPI collective. For groups that Schedule
+  /// steps use, ask the Engine (Engine::node_group), which runs the split inside its stream.
   Communicator node(int node_size = 0) const;
   /// Ranks with the same position inside their node, one per node (the cross-node ring).
   /// Throws if nodes have unequal sizes. Collective.
@@ -53,7 +58,10 @@ class Communicator {
   void require_size(int expected, const char* operation) const;
 
  private:
-  Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind);
+  friend class Engine;
+  Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind, std::uint64_t engine_id = 0);
+  /// Takes ownership of `comm` (freed with the last copy) and makes it return MPI errors.
+  static std::shared_ptr<MPI_Comm> own(MPI_Comm comm);
   int node_color(int node_size, int* local_rank, int* local_size) const;
   std::shared_ptr<MPI_Comm> comm_;
 #if KDIST_ENABLE_NCCL
@@ -62,6 +70,7 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::string kind_;
+  std::uint64_t engine_id_ = 0;
 };
 
 namespace impl {

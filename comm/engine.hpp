@@ -1,36 +1,47 @@
-// Asynchronous communication engine: every byte kdist moves between ranks goes through it.
+// Engine: one ordered stream of communication operations that owns its wire. Every byte kdist
+// moves between ranks goes through an Engine.
 //
-// Operations on views (all-reduce sum/average, broadcast, reduce-scatter, all-gather,
-// send/recv) and composite schedules (comm/schedule.hpp) return a Request that can be tested or
-// waited on. Views are staged through host memory when they are not host-accessible.
+// Wire. An Engine duplicates the Communicator it is given into its own communicators (payload
+// collectives, point-to-point of composite schedules, signature checks and control messages), all
+// returning MPI errors instead of aborting. Two Engines on one Communicator (a preconditioner's
+// beside the user's gradient reducer) therefore never interleave collectives. Sub-groups for
+// collective steps (hierarchical Adasum's node and cross-node groups) come from split(), which
+// runs through the checked stream like any operation.
 //
-// Progress. There is no communication thread. MPICH advances nonblocking operations only inside
-// MPI calls (unless MPICH_ASYNC_PROGRESS=1, which the user may set at the price of a core), so the
-// engine advances every operation in flight whenever it is called: on submit, test, wait and
-// progress(). Training code calls progress() from its layer hooks; that is how a factor
-// all-reduce moves while the next layer computes. A thread was rejected because Kokkos 3.4's
-// Serial backend is not re-entrant (local work of composites must run on the caller's thread
-// anyway) and a spinning thread would take one of the cores the overlapped compute needs.
+// Operations (all-reduce sum/average/min/max, broadcast, reduce-scatter, all-gather, send/recv and
+// composite Schedules) return a Request that can be tested or waited on; it stays valid after the
+// Engine is gone (a clear error if the operation never completed). Views are staged through host
+// memory unless kdist was built with KDIST_ENABLE_GPU_AWARE_MPI; staging fences only the caller's
+// execution space instance.
 //
-// Ordering. MPI requires collectives on a communicator to be posted in the same order on every
-// rank. The engine posts payload collectives strictly in submission order; point-to-point steps
-// of composites run on a private communicator with per-operation tags, so they may interleave.
+// Progress. There is no communication thread: the engine advances every operation whenever it
+// is called (submit, test, wait, progress). Training code calls progress() from its layer hooks.
 //
-// Consistency check (on by default). Before any payload of a collective operation moves, the
-// ranks reduce its signature (operation index, kind, dtype, count, root) on a private
-// communicator: one small MPI_Iallreduce posted at submission, so its latency overlaps the
-// caller's work. On a mismatch every rank raises kdist::comm::MismatchError naming the operation
-// index, its label and each rank's values; the engine then refuses further work.
+// Consistency. Before any payload of a collective moves, the ranks reduce its signature (index,
+// kind, reduction, dtype, count, root, a hash of its label and of its tensor layout) on a private
+// communicator. On a mismatch every rank raises MismatchError naming the operation and each
+// rank's values; no payload has moved; operations submitted before it still complete; the engine
+// then refuses new work. finish() (and a normal destruction) is itself checked, so a rank that
+// stops while others still submit is named. Errors on one rank reach the others: fail() (and a
+// destruction while an exception propagates, and an exception in a schedule's middle step) sends
+// a control message that fails every peer's pending work with RemoteError. A wait longer than
+// EngineOptions::stall_warning_seconds prints which operation is stuck and where every rank is;
+// stall_timeout_seconds > 0 turns a stall into StallError on every rank.
+//
+// Threads. One thread at a time per Engine (any thread; MPI must allow it). Concurrent calls
+// from two threads throw InvalidArgument instead of corrupting state. The README's "Errors"
+// section lists what is checked across ranks and what it costs.
 #pragma once
 
 #include <kdist/comm/communicator.hpp>
 #include <kdist/comm/schedule.hpp>
+#include <kdist/config.hpp>
 #include <kdist/core/compat.hpp>
 #include <kdist/core/dtype.hpp>
 #include <kdist/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
-#include <deque>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -40,9 +51,9 @@
 namespace kdist {
 namespace comm {
 
-/// Element-wise reductions: average is the sum divided by the rank count.
-enum class ReduceOp { sum, average, min, max };
-const char* to_string(ReduceOp op);
+using kdist::DType;
+using kdist::dtype_of;
+using kdist::to_string;
 
 /// Operation kinds as they appear in signatures and messages.
 enum class OpKind : int {
@@ -52,30 +63,58 @@ enum class OpKind : int {
   allgather = 4,
   send = 5,
   recv = 6,
-  composite = 7
+  composite = 7,
+  split = 8,
+  finish = 9
 };
 const char* to_string(OpKind kind);
-
-using kdist::DType;
-using kdist::dtype_of;
-using kdist::to_string;
-/// MPI reduction for `op` (average is a sum, divided afterwards).
-inline MPI_Op mpi_op(ReduceOp op) {
-  return op == ReduceOp::min ? MPI_MIN : op == ReduceOp::max ? MPI_MAX : MPI_SUM;
-}
-template <class T>
-MPI_Datatype mpi_type() {
-  return std::is_same<T, float>::value ? MPI_FLOAT : std::is_same<T, double>::value ? MPI_DOUBLE : MPI_INT;
-}
 
 /// Raised on every rank when ranks submit different collectives at the same position.
 class MismatchError : public Error {
  public:
   using Error::Error;
 };
+/// Raised when another rank failed (its message is included) or stopped talking.
+class RemoteError : public Error {
+ public:
+  using Error::Error;
+};
+/// Raised when an operation waited longer than EngineOptions::stall_timeout_seconds.
+class StallError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Tensor boundaries (element offsets, 0 ... n) and labels of a fused buffer: part of the
+/// signature, so ranks that fuse differently are caught before data moves.
+struct Layout {
+  std::vector<std::size_t> bounds;
+  std::vector<std::string> labels;
+  bool empty() const noexcept { return bounds.empty(); }
+  std::uint64_t hash() const;
+  /// Short text for messages: "3 tensors [10 10 10]".
+  std::string summary() const;
+};
+
+/// What the signature check compares (built by the Engine's operations; composites pass theirs).
+struct OpDescription {
+  OpKind kind = OpKind::composite;
+  DType dtype = DType::bytes;
+  long long count = 0;
+  int root = -1;
+  ReduceOp op = ReduceOp::sum;
+  std::string label;
+  Layout layout;
+};
 
 struct EngineOptions {
   bool check_consistency = true;
+  /// Print where every rank is after waiting this long (Horovod's stall inspector: 60 s).
+  /// Environment: KDIST_STALL_WARNING_SECONDS.
+  double stall_warning_seconds = 60.0;
+  /// > 0: after waiting this long, raise StallError here and RemoteError on every other rank.
+  /// Environment: KDIST_STALL_TIMEOUT_SECONDS.
+  double stall_timeout_seconds = 0.0;
 };
 
 struct EngineStats {
@@ -88,124 +127,103 @@ struct EngineStats {
   long long waited = 0;                 ///< wait() calls on unfinished operations
 };
 
-class Engine;
-
 namespace impl {
 struct Operation;
-}
+struct EngineCore;
+}  // namespace impl
 
-/// Handle on an operation in flight. Copyable; the operation lives until it completes.
+/// Handle on an operation. Copyable; valid after the Engine is destroyed.
 class Request {
  public:
   Request() = default;
   /// Advances the engine; true once the operation is complete (its results are in place).
   bool test();
-  /// Blocks until complete; rethrows the operation's error (e.g. MismatchError) on failure.
+  /// Blocks until complete; rethrows the operation's error (MismatchError, RemoteError, ...).
   void wait();
   bool valid() const noexcept { return op_ != nullptr; }
 
  private:
   friend class Engine;
-  Request(Engine* engine, std::shared_ptr<impl::Operation> op) : engine_(engine), op_(std::move(op)) {}
-  Engine* engine_ = nullptr;
+  Request(std::weak_ptr<impl::EngineCore> engine, std::shared_ptr<impl::Operation> op)
+      : engine_(std::move(engine)), op_(std::move(op)) {}
+  std::weak_ptr<impl::EngineCore> engine_;
   std::shared_ptr<impl::Operation> op_;
 };
 
-namespace impl {
-struct Operation {
-  enum class State { checking, ready, done, failed };
-  long long seq = -1;  ///< collective index on this engine (-1: point-to-point, not checked)
-  OpKind kind = OpKind::composite;
-  DType dtype = DType::bytes;
-  long long count = 0;
-  int root = -1;
-  std::string label;
-  Schedule schedule;
-  std::size_t step = 0;
-  bool step_posted = false;
-  long long collectives_left = 0;
-  std::vector<MPI_Request> requests;
-  static constexpr int kSig = 5;
-  long long sig_send[2 * kSig] = {};
-  long long sig_recv[2 * kSig] = {};
-  MPI_Request check_request = MPI_REQUEST_NULL;
-  State state = State::ready;
-  std::exception_ptr error;
-  int tag_base = 0;
-};
-}  // namespace impl
-
 class Engine {
  public:
+  /// Collective over `comm`: duplicates it into this Engine's private wire.
   explicit Engine(const Communicator& comm, EngineOptions options = {});
+  /// Without an exception propagating: finish() (completes the work in flight and checks that
+  /// every rank is done). While one propagates, or after an error: tells the peers and returns
+  /// at once. Errors are printed, never thrown.
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  const Communicator& communicator() const noexcept { return comm_; }
-  int rank() const noexcept { return comm_.rank(); }
-  int size() const noexcept { return comm_.size(); }
+  const Communicator& communicator() const noexcept;
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
 
-  /// In place: v := sum (or average) of v over all ranks.
+  /// In place: v := the reduction of v over all ranks.
   template <class Exec, class V>
-  Request allreduce(const Exec& exec, const V& v, ReduceOp op = ReduceOp::sum, std::string label = "allreduce");
+  Request allreduce(const Exec& exec, const V& v, ReduceOp op = ReduceOp::sum, std::string label = "allreduce",
+                    Layout layout = {});
   /// In place: v := root's v.
   template <class Exec, class V>
   Request broadcast(const Exec& exec, const V& v, int root, std::string label = "broadcast");
-  /// out (n) := this rank's block of the sum (or average) of in (n * size) over all ranks.
+  /// out (n) := this rank's block of the reduction of in (n * size) over all ranks.
   template <class Exec, class VIn, class VOut>
   Request reduce_scatter(const Exec& exec, const VIn& in, const VOut& out, ReduceOp op = ReduceOp::sum,
                          std::string label = "reduce_scatter");
   /// out (n * size) := every rank's in (n), in rank order.
   template <class Exec, class VIn, class VOut>
   Request allgather(const Exec& exec, const VIn& in, const VOut& out, std::string label = "allgather");
-  /// Point-to-point (not checked: only two ranks take part).
+  /// Point-to-point (not checked: only two ranks take part); tags below Schedule::kMaxTag.
   template <class Exec, class V>
   Request send(const Exec& exec, const V& v, int dest, int tag, std::string label = "send");
   template <class Exec, class V>
   Request recv(const Exec& exec, const V& v, int source, int tag, std::string label = "recv");
 
-  /// Runs a composite schedule. `count` and `dtype` describe its payload for the check.
-  Request submit(Schedule schedule, long long count, DType dtype);
-  /// MPI communicator for point-to-point transfers of composite schedules (private).
-  MPI_Comm schedule_comm() const noexcept { return sched_comm_; }
+  /// Runs a composite schedule; `what` is its signature (kind composite).
+  Request submit(Schedule schedule, OpDescription what);
+
+  /// Collective and checked: completes the work in flight, then splits this Engine's wire into
+  /// nodes (node_size > 0: consecutive blocks of that many ranks; 0: shared-memory nodes), or
+  /// into cross-node groups (one rank per node, same position). Groups for Schedule steps.
+  Communicator node_group(int node_size = 0);
+  Communicator cross_node_group(int node_size = 0);
 
   /// Advances every operation in flight without blocking.
   void progress();
   /// Waits for every operation in flight.
   void wait_all();
-  std::size_t in_flight() const noexcept { return inflight_.size(); }
+  std::size_t in_flight() const noexcept;
+  /// Collective and checked: waits for everything, then agrees that every rank is done; a rank
+  /// still submitting is named in a MismatchError. The Engine takes no work afterwards.
+  void finish();
+  /// Marks this Engine failed with `error` (rethrown by pending and later operations here) and
+  /// sends it to every other rank, where pending and later operations raise RemoteError.
+  void fail(const std::exception& error);
+  /// False once a mismatch, a failure here or on a peer, or finish() happened.
+  bool healthy() const noexcept;
 
-  const EngineStats& stats() const noexcept { return stats_; }
-  void reset_stats() { stats_ = EngineStats{}; }
-  const EngineOptions& options() const noexcept { return options_; }
+  EngineStats stats() const;
+  void reset_stats();
+  const EngineOptions& options() const noexcept;
 
  private:
   friend class Request;
   template <class V>
   static void check_view(const char* func, const V& v);
-  /// Checks both views and that `whole` holds size() blocks of `block`'s length.
   template <class VWhole, class VBlock>
   void check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const;
-  static std::shared_ptr<impl::Operation> make_op(OpKind kind, DType dtype, long long count, std::string label,
-                                                  int root = -1);
-  Request enqueue(std::shared_ptr<impl::Operation> op);
-  void advance(impl::Operation& op, bool& earlier_collectives_pending);
-  void check_signature(impl::Operation& op);
-  [[noreturn]] void raise_mismatch(impl::Operation& op);
-  void wait(impl::Operation& op);
-  void fail(impl::Operation& op, std::exception_ptr e);
+  Request enqueue(OpDescription what, Schedule schedule);
+  Communicator split_group(bool node, int node_size);
 
-  Communicator comm_;
-  EngineOptions options_;
-  MPI_Comm check_comm_ = MPI_COMM_NULL;
-  MPI_Comm sched_comm_ = MPI_COMM_NULL;
-  int tag_ops_ = 1;  ///< distinct composite tag bases available
-  long long next_seq_ = 0;
-  long long next_composite_ = 0;
-  std::deque<std::shared_ptr<impl::Operation>> inflight_;
-  EngineStats stats_;
-  std::exception_ptr poisoned_;
+  std::shared_ptr<impl::EngineCore> core_;
+  int rank_ = 0;
+  int size_ = 1;
 };
 
 // ---- templates -----------------------------------------------------------------------------
@@ -223,125 +241,150 @@ void Engine::check_blocks(const char* func, const VWhole& whole, const VBlock& b
   check_view(func, block);
   static_assert(std::is_same<typename VWhole::non_const_value_type, typename VBlock::non_const_value_type>::value,
                 "kdist::comm: value types differ");
-  const std::size_t n = block.extent(0), size = static_cast<std::size_t>(comm_.size());
+  const std::size_t n = block.extent(0), size = static_cast<std::size_t>(size_);
   if (whole.extent(0) != n * size)
     kdist::impl::throw_invalid(func, std::string(whole_role) + " '" + whole.label() + "' has " +
                                          std::to_string(whole.extent(0)) + " elements, expected " + std::to_string(n) +
-                                         " x " + std::to_string(size) + " ranks (rank " + std::to_string(comm_.rank()) +
-                                         ")");
+                                         " x " + std::to_string(size) + " ranks (rank " + std::to_string(rank_) + ")");
 }
 
 namespace impl {
-/// Host view over v's data: v itself when host-accessible, else a mirror filled from v.
+/// The view the wire reads and writes: `v` itself when MPI can reach its memory (host memory,
+/// or any memory with KDIST_ENABLE_GPU_AWARE_MPI), else a host mirror filled from `v`. Fences
+/// the caller's instance so the producer's kernels are done before MPI reads.
 template <class Exec, class V>
 auto stage_in(const Exec& exec, const V& v) {
+#if KDIST_ENABLE_GPU_AWARE_MPI
+  compat::fence(exec, "kdist::comm: producer done before MPI");
+  return v;
+#else
   auto h = Kokkos::create_mirror_view(v);
   Kokkos::deep_copy(exec, h, v);
   compat::fence(exec, "kdist::comm: producer done before MPI");
   return h;
+#endif
 }
-/// After a sum: divide by the rank count for an average, then copy the host result to `dst`.
-template <class Exec, class H, class V>
-void finish_reduction(const Exec& exec, const H& host, const V& dst, ReduceOp op, int ranks) {
-  using T = typename H::non_const_value_type;
+/// Host-side wire view for an output (no copy in).
+template <class V>
+auto stage_out(const V& v) {
+#if KDIST_ENABLE_GPU_AWARE_MPI
+  return v;
+#else
+  return Kokkos::create_mirror_view(v);
+#endif
+}
+/// After a reduction: divide by the rank count for an average, then copy the wire view to `dst`
+/// (asynchronously on `exec` when they differ).
+template <class Exec, class W, class V>
+void finish_reduction(const Exec& exec, const W& wire, const V& dst, ReduceOp op, int ranks) {
+  using T = typename W::non_const_value_type;
+  constexpr bool on_exec = Kokkos::SpaceAccessibility<Exec, typename W::memory_space>::accessible;
+  using WireExec = std::conditional_t<on_exec, Exec, Kokkos::DefaultHostExecutionSpace>;
   if (op == ReduceOp::average) {
     const T f = T(1) / static_cast<T>(ranks);
-    for (std::size_t i = 0; i < host.extent(0); ++i) host(i) *= f;
+    WireExec wexec;
+    if constexpr (on_exec) wexec = exec;
+    Kokkos::parallel_for(
+        "kdist::comm::average", Kokkos::RangePolicy<WireExec>(wexec, 0, wire.extent(0)),
+        KOKKOS_LAMBDA(const std::size_t i) { wire(i) *= f; });
   }
-  Kokkos::deep_copy(exec, dst, host);
+  if (wire.data() != dst.data()) Kokkos::deep_copy(exec, dst, wire);
 }
 }  // namespace impl
 
 template <class Exec, class V>
-Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string label) {
+Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string label, Layout layout) {
   check_view("kdist::comm::Engine::allreduce", v);
   using T = typename V::non_const_value_type;
-  auto h = impl::stage_in(exec, v);
-  const int n = static_cast<int>(v.extent(0));
-  const int size = comm_.size();
-  MPI_Comm c = comm_.raw();
-  auto o = make_op(OpKind::allreduce, dtype_of<T>(), n, std::move(label));
-  o->schedule.step()
-      .collective([h, n, c, op](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, h.data(), n, mpi_type<T>(), mpi_op(op), c, r);
-      })
-      .then([h, v, op, size, exec] { impl::finish_reduction(exec, h, v, op, size); });
-  return enqueue(std::move(o));
+  auto w = impl::stage_in(exec, v);
+  const int size = size_;
+  Schedule s(label);
+  s.step().allreduce(Group::all(), Buffer::of(w), op).then([w, v, op, size, exec] {
+    impl::finish_reduction(exec, w, v, op, size);
+  });
+  return enqueue({OpKind::allreduce, dtype_of<T>(), static_cast<long long>(v.extent(0)), -1, op, std::move(label),
+                  std::move(layout)},
+                 std::move(s));
 }
 
 template <class Exec, class V>
 Request Engine::broadcast(const Exec& exec, const V& v, int root, std::string label) {
   check_view("kdist::comm::Engine::broadcast", v);
   using T = typename V::non_const_value_type;
-  if (root < 0 || root >= comm_.size())
-    kdist::impl::throw_invalid("kdist::comm::Engine::broadcast",
-                               "root " + std::to_string(root) + " is not a rank of " + std::to_string(comm_.size()));
-  auto h = impl::stage_in(exec, v);
-  const int n = static_cast<int>(v.extent(0));
-  MPI_Comm c = comm_.raw();
-  auto o = make_op(OpKind::broadcast, dtype_of<T>(), n, std::move(label), root);
-  o->schedule.step()
-      .collective([h, n, root, c](MPI_Request* r) { return MPI_Ibcast(h.data(), n, mpi_type<T>(), root, c, r); })
-      .then([h, v, exec] { Kokkos::deep_copy(exec, v, h); });
-  return enqueue(std::move(o));
+  if (root < 0 || root >= size_)
+    kdist::impl::throw_invalid(
+        "kdist::comm::Engine::broadcast",
+        "root " + std::to_string(root) + " is not a rank of " + std::to_string(size_) + " (label '" + label + "')");
+  auto w = impl::stage_in(exec, v);
+  Schedule s(label);
+  s.step().broadcast(Group::all(), Buffer::of(w), root).then([w, v, exec] {
+    if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
+  });
+  return enqueue({OpKind::broadcast,
+                  dtype_of<T>(),
+                  static_cast<long long>(v.extent(0)),
+                  root,
+                  ReduceOp::sum,
+                  std::move(label),
+                  {}},
+                 std::move(s));
 }
 
 template <class Exec, class VIn, class VOut>
 Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out, ReduceOp op, std::string label) {
   check_blocks("kdist::comm::Engine::reduce_scatter", in, out, "input");
   using T = typename VOut::non_const_value_type;
-  const int size = comm_.size();
-  const int n = static_cast<int>(out.extent(0));
-  auto hin = impl::stage_in(exec, in);
-  auto hout = Kokkos::create_mirror_view(out);
-  MPI_Comm c = comm_.raw();
-  auto o = make_op(OpKind::reduce_scatter, dtype_of<T>(), n, std::move(label));
-  o->schedule.step()
-      .collective([hin, hout, n, c, op](MPI_Request* r) {
-        return MPI_Ireduce_scatter_block(hin.data(), hout.data(), n, mpi_type<T>(), mpi_op(op), c, r);
-      })
-      .then([hout, out, op, size, exec] { impl::finish_reduction(exec, hout, out, op, size); });
-  return enqueue(std::move(o));
+  const int size = size_;
+  auto win = impl::stage_in(exec, in);
+  auto wout = impl::stage_out(out);
+  Schedule s(label);
+  s.step().reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op).then([win, wout, out, op, size, exec] {
+    impl::finish_reduction(exec, wout, out, op, size);
+  });
+  return enqueue(
+      {OpKind::reduce_scatter, dtype_of<T>(), static_cast<long long>(out.extent(0)), -1, op, std::move(label), {}},
+      std::move(s));
 }
 
 template <class Exec, class VIn, class VOut>
 Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std::string label) {
   check_blocks("kdist::comm::Engine::allgather", out, in, "output");
   using T = typename VOut::non_const_value_type;
-  const int n = static_cast<int>(in.extent(0));
-  auto hin = impl::stage_in(exec, in);
-  auto hout = Kokkos::create_mirror_view(out);
-  MPI_Comm c = comm_.raw();
-  auto o = make_op(OpKind::allgather, dtype_of<T>(), n, std::move(label));
-  o->schedule.step()
-      .collective([hin, hout, n, c](MPI_Request* r) {
-        return MPI_Iallgather(hin.data(), n, mpi_type<T>(), hout.data(), n, mpi_type<T>(), c, r);
-      })
-      .then([hout, out, exec] { Kokkos::deep_copy(exec, out, hout); });
-  return enqueue(std::move(o));
+  auto win = impl::stage_in(exec, in);
+  auto wout = impl::stage_out(out);
+  Schedule s(label);
+  s.step().allgather(Group::all(), Buffer::of(win), Buffer::of(wout)).then([win, wout, out, exec] {
+    if (wout.data() != out.data()) Kokkos::deep_copy(exec, out, wout);
+  });
+  return enqueue(
+      {OpKind::allgather, dtype_of<T>(), static_cast<long long>(in.extent(0)), -1, ReduceOp::sum, std::move(label), {}},
+      std::move(s));
 }
 
 template <class Exec, class V>
 Request Engine::send(const Exec& exec, const V& v, int dest, int tag, std::string label) {
   check_view("kdist::comm::Engine::send", v);
   using T = typename V::non_const_value_type;
-  auto h = impl::stage_in(exec, v);
-  auto o = make_op(OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), std::move(label));
-  o->schedule.step().send(dest, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag).then([h] {
-  });  // keeps the staging buffer alive until the send completes
-  return enqueue(std::move(o));
+  auto w = impl::stage_in(exec, v);
+  Schedule s(label);
+  s.step().send(dest, Buffer::of(w), tag).then([w] {});  // keeps the wire buffer alive until sent
+  return enqueue(
+      {OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), dest, ReduceOp::sum, std::move(label), {}},
+      std::move(s));
 }
 
 template <class Exec, class V>
 Request Engine::recv(const Exec& exec, const V& v, int source, int tag, std::string label) {
   check_view("kdist::comm::Engine::recv", v);
   using T = typename V::non_const_value_type;
-  auto h = Kokkos::create_mirror_view(v);
-  auto o = make_op(OpKind::recv, dtype_of<T>(), static_cast<long long>(v.extent(0)), std::move(label));
-  o->schedule.step().recv(source, h.data(), static_cast<int>(v.extent(0)), mpi_type<T>(), tag).then([h, v, exec] {
-    Kokkos::deep_copy(exec, v, h);
+  auto w = impl::stage_out(v);
+  Schedule s(label);
+  s.step().recv(source, Buffer::of(w), tag).then([w, v, exec] {
+    if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
   });
-  return enqueue(std::move(o));
+  return enqueue(
+      {OpKind::recv, dtype_of<T>(), static_cast<long long>(v.extent(0)), source, ReduceOp::sum, std::move(label), {}},
+      std::move(s));
 }
 
 }  // namespace comm

@@ -1,8 +1,20 @@
-// FusedAllreducer: tensors are handed over in ready order (flat, or square symmetric sent as
-// their packed upper triangle), copied into the fusion buffer of their group, and each group is
-// launched as soon as its last member arrives; wait() scatters the results back. The reduction
-// is pluggable: sum, average, or any function that turns a buffer with tensor boundaries into a
-// Request (Adasum plugs in here, coefficients per tensor).
+// FusedAllreducer<T, MemorySpace>: tensors described once (flat, or square symmetric sent as
+// their packed upper triangle), handed over in ready order with ready(exec, i, view), packed into
+// the fusion buffer of their group in MemorySpace by core/ kernels on `exec`; a group is launched
+// as soon as its last member arrives, and wait(exec) scatters the results back with the same
+// kernels. Nothing is staged through the host except where the Engine's wire needs it.
+//
+// The plan starts as one call per tensor; replan(cost, options) runs the planner collectively
+// through the Engine with the ready times measured in the last iteration. Each group's layout
+// (tensor count, boundaries, labels) is part of its signature, so ranks that registered tensors
+// in a different order or fused them differently get a MismatchError, not a wrong sum.
+//
+// The reduction is pluggable: sum, average, or any function that turns a buffer with its layout
+// into a Request (Adasum plugs in here, coefficients per tensor).
+//
+// Errors: a tensor out of order or with the wrong size fails the Engine on every rank (the peers
+// would otherwise wait for this group forever) and throws InvalidArgument here. Views handed to
+// ready() must stay alive until wait() returns.
 #pragma once
 
 #include <kdist/comm/engine.hpp>
@@ -17,22 +29,23 @@
 namespace kdist {
 namespace comm {
 
-template <class T>
+template <class T, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
 class FusedAllreducer {
  public:
-  using Buffer = Kokkos::View<T*, Kokkos::HostSpace>;
-  using Vector = Kokkos::View<T*, Kokkos::HostSpace>;
-  using Symmetric = Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace>;
-  /// Reduces `buffer` in place; `bounds` are the element offsets of the tensors in it
-  /// (bounds.front() == 0, bounds.back() == buffer.extent(0)), `labels` their names.
-  using Reduction = std::function<Request(Engine&, const Buffer& buffer, const std::vector<std::size_t>& bounds,
-                                          const std::vector<std::string>& labels, const std::string& group)>;
+  using memory_space = MemorySpace;
+  using execution_space = typename MemorySpace::execution_space;
+  using Buffer = Kokkos::View<T*, MemorySpace>;
+  using Vector = Kokkos::View<T*, MemorySpace>;
+  using Symmetric = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
+  /// Reduces `buffer` in place on `exec`; `layout` holds the tensors' offsets and labels.
+  using Reduction = std::function<Request(Engine&, const execution_space& exec, const Buffer& buffer,
+                                          const Layout& layout, const std::string& group)>;
 
   static Reduction sum() { return elementwise(ReduceOp::sum); }
   static Reduction average() { return elementwise(ReduceOp::average); }
   static Reduction elementwise(ReduceOp op) {
-    return [op](Engine& e, const Buffer& b, const std::vector<std::size_t>&, const std::vector<std::string>&,
-                const std::string& group) { return e.allreduce(Kokkos::DefaultHostExecutionSpace(), b, op, group); };
+    return [op](Engine& e, const execution_space& exec, const Buffer& b, const Layout& layout,
+                const std::string& group) { return e.allreduce(exec, b, op, group, layout); };
   }
 
   struct Tensor {
@@ -42,14 +55,18 @@ class FusedAllreducer {
     std::size_t elements() const { return symmetric ? packed_size(dim) : dim; }
   };
 
-  FusedAllreducer(Engine& engine, std::vector<Tensor> tensors, FusionPlan plan, Reduction reduction = average(),
+  FusedAllreducer(Engine& engine, std::vector<Tensor> tensors, Reduction reduction = average(),
                   const Clock* clock = nullptr)
       : engine_(engine), tensors_(std::move(tensors)), reduction_(std::move(reduction)), clock_(clock) {
-    set_plan(std::move(plan));
+    set_plan(plan_none(tensors_.size()));
   }
 
-  /// Replaces the plan (e.g. after decide_plan_on_root with measured ready times); call between
-  /// iterations.
+  /// Collective through the Engine: plans with the ready times of the last iteration (max over
+  /// ranks, decided on rank 0) and installs the plan. Call between iterations.
+  void replan(const CostFunction& cost, const PlannerOptions& options) {
+    set_plan(decide_plan_on_root(engine_, measured(), cost, options));
+  }
+  /// Installs a plan every rank agrees on (a disagreement is caught by the layout check).
   void set_plan(FusionPlan plan) {
     if (plan.group_end.empty() ? !tensors_.empty() : plan.group_end.back() != static_cast<int>(tensors_.size()))
       kdist::impl::throw_invalid("kdist::comm::FusedAllreducer",
@@ -59,19 +76,8 @@ class FusedAllreducer {
     groups_.assign(static_cast<std::size_t>(plan_.groups()), Group{});
     int begin = 0;
     for (int g = 0; g < plan_.groups(); ++g) {
-      Group& gr = groups_[static_cast<std::size_t>(g)];
-      gr.begin = begin;
-      gr.end = plan_.group_end[static_cast<std::size_t>(g)];
-      gr.bounds.push_back(0);
-      for (int i = gr.begin; i < gr.end; ++i)
-        gr.bounds.push_back(gr.bounds.back() + tensors_[static_cast<std::size_t>(i)].elements());
-      gr.buffer = Buffer(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
-          gr.bounds.back());
-      for (int i = gr.begin; i < gr.end; ++i) gr.labels.push_back(tensors_[static_cast<std::size_t>(i)].label);
-      gr.label = "fused[" + tensors_[static_cast<std::size_t>(gr.begin)].label + ".." +
-                 tensors_[static_cast<std::size_t>(gr.end - 1)].label + "]";
-      begin = gr.end;
+      groups_[static_cast<std::size_t>(g)] = make_group(g, begin, plan_.group_end[static_cast<std::size_t>(g)]);
+      begin = plan_.group_end[static_cast<std::size_t>(g)];
     }
     flat_.assign(tensors_.size(), Vector());
     sym_.assign(tensors_.size(), Symmetric());
@@ -87,55 +93,44 @@ class FusedAllreducer {
     next_ = 0;
     t0_ = now();
   }
-  /// Tensor i (flat) is ready. Tensors must arrive in index order.
-  void ready(int i, const Vector& v) {
+  /// Tensor i (flat) is ready; it is copied into its group's buffer on `exec`.
+  void ready(const execution_space& exec, int i, const Vector& v) {
     arrive(i, v.extent(0), false, v.label());
     flat_[static_cast<std::size_t>(i)] = v;
-    Group& g = group(i);
-    const std::size_t off = g.bounds[static_cast<std::size_t>(i - g.begin)];
-    for (std::size_t k = 0; k < v.extent(0); ++k) g.buffer(off + k) = v(k);
-    launch_if_complete(i);
+    Kokkos::deep_copy(exec, slot(i), v);
+    launch_if_complete(exec, i);
   }
   /// Tensor i (square symmetric) is ready; its upper triangle is packed into the buffer.
-  void ready(int i, const Symmetric& m) {
+  void ready(const execution_space& exec, int i, const Symmetric& m) {
     if (m.extent(0) != m.extent(1))
-      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::ready",
-                                 "symmetric tensor '" + m.label() + "' is not square");
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::ready: symmetric tensor '" + m.label() +
+                                       "' is not square (rank " + std::to_string(engine_.rank()) + ")"));
     arrive(i, m.extent(0), true, m.label());
     sym_[static_cast<std::size_t>(i)] = m;
-    Group& g = group(i);
-    const std::size_t off = g.bounds[static_cast<std::size_t>(i - g.begin)];
-    pack_upper(Kokkos::DefaultHostExecutionSpace(), m,
-               Kokkos::subview(g.buffer, std::make_pair(off, off + packed_size(m.extent(0)))));
-    launch_if_complete(i);
+    pack_upper(exec, m, slot(i));
+    launch_if_complete(exec, i);
   }
   /// Waits for every group's reduction (results still in the fusion buffers).
   void wait_reduced() {
     if (next_ != static_cast<int>(tensors_.size()))
-      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::wait",
-                                 std::to_string(next_) + " of " + std::to_string(tensors_.size()) + " tensors arrived");
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::wait: " + std::to_string(next_) + " of " +
+                                       std::to_string(tensors_.size()) + " tensors arrived (rank " +
+                                       std::to_string(engine_.rank()) + ")"));
     for (Group& g : groups_) g.request.wait();
   }
-  /// Writes the reduced values back into the tensors' views (symmetric ones mirrored in full).
-  void scatter() {
-    for (Group& g : groups_) {
-      for (int i = g.begin; i < g.end; ++i) {
-        const std::size_t off = g.bounds[static_cast<std::size_t>(i - g.begin)];
-        if (tensors_[static_cast<std::size_t>(i)].symmetric) {
-          const Symmetric& m = sym_[static_cast<std::size_t>(i)];
-          unpack_upper(Kokkos::DefaultHostExecutionSpace(),
-                       Kokkos::subview(g.buffer, std::make_pair(off, off + packed_size(m.extent(0)))), m);
-        } else {
-          const Vector& v = flat_[static_cast<std::size_t>(i)];
-          for (std::size_t k = 0; k < v.extent(0); ++k) v(k) = g.buffer(off + k);
-        }
-      }
+  /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full).
+  void scatter(const execution_space& exec) {
+    for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+      if (tensors_[static_cast<std::size_t>(i)].symmetric)
+        unpack_upper(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
+      else
+        Kokkos::deep_copy(exec, flat_[static_cast<std::size_t>(i)], slot(i));
     }
   }
-  /// wait_reduced() then scatter().
-  void wait() {
+  /// wait_reduced() then scatter(exec).
+  void wait(const execution_space& exec) {
     wait_reduced();
-    scatter();
+    scatter(exec);
   }
   /// Ready times of the last iteration, seconds since begin(), with sizes: planner input.
   std::vector<FusionTensor> measured() const {
@@ -147,32 +142,55 @@ class FusedAllreducer {
  private:
   struct Group {
     int begin = 0, end = 0;
-    std::vector<std::size_t> bounds;
+    Layout layout;
     Buffer buffer;
     Request request;
-    std::vector<std::string> labels;
     std::string label;
   };
+  Group make_group(int g, int begin, int end) const {
+    Group gr;
+    gr.begin = begin;
+    gr.end = end;
+    gr.layout.bounds.push_back(0);
+    for (int i = begin; i < end; ++i) {
+      gr.layout.bounds.push_back(gr.layout.bounds.back() + tensors_[static_cast<std::size_t>(i)].elements());
+      gr.layout.labels.push_back(tensors_[static_cast<std::size_t>(i)].label);
+    }
+    gr.buffer =
+        Buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
+               gr.layout.bounds.back());
+    gr.label = "fused[" + tensors_[static_cast<std::size_t>(begin)].label + ".." +
+               tensors_[static_cast<std::size_t>(end - 1)].label + "]";
+    return gr;
+  }
   double now() const { return clock_ ? clock_->now() : Clock::local_now(); }
   Group& group(int i) { return groups_[static_cast<std::size_t>(plan_.group_of(i))]; }
+  auto slot(int i) {
+    Group& g = group(i);
+    const std::size_t off = g.layout.bounds[static_cast<std::size_t>(i - g.begin)];
+    return Kokkos::subview(g.buffer, std::make_pair(off, off + tensors_[static_cast<std::size_t>(i)].elements()));
+  }
+  [[noreturn]] void fail_here(const kdist::InvalidArgument& e) {
+    engine_.fail(e);
+    throw e;
+  }
   void arrive(int i, std::size_t dim, bool symmetric, const std::string& label) {
-    constexpr const char* func = "kdist::comm::FusedAllreducer::ready";
-    if (i != next_)
-      kdist::impl::throw_invalid(func, "tensor " + std::to_string(i) + " ('" + label +
-                                           "') arrived out of order; expected " + std::to_string(next_) + " (rank " +
-                                           std::to_string(engine_.rank()) + ")");
+    const std::string where = " (rank " + std::to_string(engine_.rank()) + ")";
+    if (i != next_ || i >= static_cast<int>(tensors_.size()))
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::ready: tensor " + std::to_string(i) + " ('" +
+                                       label + "') arrived out of order; expected " + std::to_string(next_) + where));
     const Tensor& t = tensors_[static_cast<std::size_t>(i)];
     if (t.dim != dim || t.symmetric != symmetric)
-      kdist::impl::throw_invalid(func, "tensor " + std::to_string(i) + " ('" + label + "') has " +
-                                           (symmetric ? "dimension " : "size ") + std::to_string(dim) +
-                                           ", registered as " + (t.symmetric ? "dimension " : "size ") +
-                                           std::to_string(t.dim) + " (rank " + std::to_string(engine_.rank()) + ")");
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::ready: tensor " + std::to_string(i) + " ('" +
+                                       label + "') has " + (symmetric ? "dimension " : "size ") + std::to_string(dim) +
+                                       ", registered as " + (t.symmetric ? "dimension " : "size ") +
+                                       std::to_string(t.dim) + where));
     ready_[static_cast<std::size_t>(i)] = now() - t0_;
     ++next_;
   }
-  void launch_if_complete(int i) {
+  void launch_if_complete(const execution_space& exec, int i) {
     Group& g = group(i);
-    if (i == g.end - 1) g.request = reduction_(engine_, g.buffer, g.bounds, g.labels, g.label);
+    if (i == g.end - 1) g.request = reduction_(engine_, exec, g.buffer, g.layout, g.label);
     engine_.progress();
   }
 

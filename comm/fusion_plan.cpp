@@ -125,33 +125,24 @@ FusionPlan make_plan(const std::vector<FusionTensor>& t, const CostFunction& cos
   return plan_none(t.size());
 }
 
-FusionPlan decide_plan_on_root(const Communicator& comm, const std::vector<FusionTensor>& local,
-                               const CostFunction& cost, const PlannerOptions& options) {
-  const int n = static_cast<int>(local.size());
-  int n_min = n, n_max = n;
-  MPI_Allreduce(&n, &n_min, 1, MPI_INT, MPI_MIN, comm.raw());
-  MPI_Allreduce(&n, &n_max, 1, MPI_INT, MPI_MAX, comm.raw());
-  if (n_min != n_max)
-    throw InvalidArgument("kdist::comm::decide_plan_on_root: ranks have " + std::to_string(n_min) + " to " +
-                          std::to_string(n_max) + " tensors (rank " + std::to_string(comm.rank()) + " has " +
-                          std::to_string(n) + ")");
-  std::vector<double> ready(static_cast<std::size_t>(n)), latest(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) ready[static_cast<std::size_t>(i)] = local[static_cast<std::size_t>(i)].ready;
-  impl::check_mpi(MPI_Reduce(ready.data(), latest.data(), n, MPI_DOUBLE, MPI_MAX, 0, comm.raw()), "MPI_Reduce",
-                  comm.rank());
-  std::vector<int> ends;
-  int groups = 0;
-  if (comm.rank() == 0) {
+FusionPlan decide_plan_on_root(Engine& engine, const std::vector<FusionTensor>& local, const CostFunction& cost,
+                               const PlannerOptions& options) {
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  const std::size_t n = local.size();
+  Kokkos::View<double*, Kokkos::HostSpace> ready("kdist::comm::plan::ready_times", n);
+  for (std::size_t i = 0; i < n; ++i) ready(i) = local[i].ready;
+  engine.allreduce(Host(), ready, ReduceOp::max, "kdist::comm::decide_plan_on_root: ready times").wait();
+  // Group ends, padded with 0: at most one group per tensor.
+  Kokkos::View<int*, Kokkos::HostSpace> ends("kdist::comm::plan::group_ends", n);
+  if (engine.rank() == 0) {
     std::vector<FusionTensor> t = local;
-    for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)].ready = latest[static_cast<std::size_t>(i)];
-    ends = make_plan(t, cost, options).group_end;
-    groups = static_cast<int>(ends.size());
+    for (std::size_t i = 0; i < n; ++i) t[i].ready = ready(i);
+    const FusionPlan p = make_plan(t, cost, options);
+    for (std::size_t g = 0; g < p.group_end.size(); ++g) ends(g) = p.group_end[g];
   }
-  impl::check_mpi(MPI_Bcast(&groups, 1, MPI_INT, 0, comm.raw()), "MPI_Bcast", comm.rank());
-  ends.resize(static_cast<std::size_t>(groups));
-  impl::check_mpi(MPI_Bcast(ends.data(), groups, MPI_INT, 0, comm.raw()), "MPI_Bcast", comm.rank());
+  engine.broadcast(Host(), ends, 0, "kdist::comm::decide_plan_on_root: plan").wait();
   FusionPlan p;
-  p.group_end = ends;
+  for (std::size_t g = 0; g < n && ends(g) > 0; ++g) p.group_end.push_back(ends(g));
   return p;
 }
 

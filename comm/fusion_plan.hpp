@@ -6,7 +6,7 @@
 // which minimises the finish time for any non-decreasing cost C (ARCHITECTURE.md §3).
 #pragma once
 
-#include <kdist/comm/communicator.hpp>
+#include <kdist/comm/engine.hpp>
 
 #include <cstddef>
 #include <functional>
@@ -54,10 +54,11 @@ struct PlannerOptions {
   std::size_t threshold_bytes = 64u << 20;
   double mgwfbp_alpha = 0.0;  ///< 0: take alpha from the cost function, C(0)
 };
-/// Collective: ready times are max-reduced to rank 0, which plans and broadcasts the plan, so
-/// every rank issues the same fused calls.
-FusionPlan decide_plan_on_root(const Communicator& comm, const std::vector<FusionTensor>& local,
-                               const CostFunction& cost, const PlannerOptions& options);
+/// Collective, through `engine` (ordered and checked like any operation): ready times are max-reduced over the ranks,
+/// rank 0 plans and broadcasts the plan, so every rank issues the same fused calls. Ranks with different tensor counts
+/// get a MismatchError naming each rank's count.
+FusionPlan decide_plan_on_root(Engine& engine, const std::vector<FusionTensor>& local, const CostFunction& cost,
+                               const PlannerOptions& options);
 FusionPlan make_plan(const std::vector<FusionTensor>& t, const CostFunction& cost, const PlannerOptions& options);
 
 }  // namespace comm

@@ -1,72 +1,121 @@
-// A composite communication operation: a list of steps, each a set of point-to-point transfers
-// and/or one collective, followed by local work that runs on the caller's thread when the step's
-// transfers have completed. The Engine runs schedules with the same request model as single
-// collectives, so VHDD Adasum, its fold for odd rank counts, hierarchical modes and K-FAC's
-// broadcast-while-inverting share one progress mechanism.
+// A composite communication operation, described without MPI types: a list of steps, each a set
+// of point-to-point transfers and/or one collective on a group, followed by local work that runs
+// on the caller's thread once the step's transfers have completed. The Engine runs schedules
+// with the same request model as single collectives and translates each step for its backend,
+// so adasum/ and kfac/ never name an MPI type, communicator or request.
 //
-// Rules: every rank of the communicator submits the same schedules in the same order (the
-// consistency check enforces it); both partners of a transfer use the same `tag` (< 4096), and
+// Buffers are rank-1 contiguous views (any memory space the backend can reach) or, for scratch
+// owned by the schedule's state, typed host pointers; both become a `Buffer` (data, count,
+// dtype). A collective step runs on `Group::all()` (the Engine's own wire) or on a sub-group made
+// by Engine::split(); groups from another Engine are refused at submission.
+//
+// Rules: every rank of the Engine submits the same schedules in the same order (the consistency
+// check enforces it); both partners of a transfer use the same `tag` (< Schedule::kMaxTag), and
 // schedules are matched by their submission index, so tags never collide across operations.
 #pragma once
 
-#include <mpi.h>
+#include <kdist/core/compat.hpp>
+#include <kdist/core/dtype.hpp>
+#include <kdist/core/error.hpp>
 
+#include <Kokkos_Core.hpp>
+#include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace kdist {
 namespace comm {
 
+class Communicator;
+
+/// Element-wise reductions: average is the sum divided by the rank count.
+enum class ReduceOp { sum, average, min, max };
+const char* to_string(ReduceOp op);
+
+/// Typed memory handed to a backend.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::bytes;
+
+  template <class T>
+  static Buffer host(T* p, std::size_t n) {
+    return {const_cast<void*>(static_cast<const void*>(p)), n, dtype_of<T>()};
+  }
+  template <class V>
+  static Buffer of(const V& v) {
+    static_assert(Kokkos::is_view<V>::value && compat::view_rank<V>() == 1, "kdist::comm::Buffer: rank-1 view");
+    if (!v.span_is_contiguous())
+      kdist::impl::throw_invalid("kdist::comm::Buffer", "view '" + v.label() + "' must be contiguous");
+    return host(v.data(), v.extent(0));
+  }
+};
+
+/// The ranks a collective step runs on: the whole Engine, or a sub-group from Engine::split().
+class Group {
+ public:
+  static Group all() { return Group(); }
+  static Group of(const Communicator& sub) { return Group(&sub); }
+  const Communicator* sub() const noexcept { return sub_; }
+
+ private:
+  Group(const Communicator* sub = nullptr) : sub_(sub) {}
+  const Communicator* sub_;
+};
+
 class Schedule {
  public:
+  static constexpr int kMaxTag = 4096;
+
   struct Transfer {
     bool is_send;
     int peer;
-    void* buffer;
-    int count;
-    MPI_Datatype type;
+    Buffer buffer;
     int tag;
+  };
+  enum class CollectiveKind { none, allreduce, reduce_scatter, allgather, broadcast };
+  struct Collective {
+    CollectiveKind kind = CollectiveKind::none;
+    Group group = Group::all();
+    Buffer in, out;  ///< in-place kinds (allreduce, broadcast) use `out` only
+    ReduceOp op = ReduceOp::sum;
+    int root = 0;
   };
   struct Step {
     std::vector<Transfer> transfers;
-    /// Posts one nonblocking collective into the request (empty if none).
-    std::function<int(MPI_Request*)> collective;
+    Collective collective;
     std::function<void()> local_work;
   };
 
   explicit Schedule(std::string label = "composite") : label_(std::move(label)) {}
 
-  /// Starts a new step; transfers and local work added next belong to it.
+  /// Starts a new step; transfers, a collective and local work added next belong to it.
   Schedule& step() {
     steps_.emplace_back();
     return *this;
   }
-  Schedule& send(int peer, const void* buffer, int count, MPI_Datatype type, int tag) {
-    current().transfers.push_back({true, peer, const_cast<void*>(buffer), count, type, tag});
-    return *this;
+  Schedule& send(int peer, Buffer b, int tag) { return transfer(true, peer, b, tag); }
+  Schedule& recv(int peer, Buffer b, int tag) { return transfer(false, peer, b, tag); }
+  /// In place: out := sum/min/max over `group` (average is finished by the caller's local work).
+  Schedule& allreduce(Group group, Buffer inout, ReduceOp op = ReduceOp::sum) {
+    return collective({CollectiveKind::allreduce, group, {}, inout, op, 0});
   }
-  Schedule& recv(int peer, void* buffer, int count, MPI_Datatype type, int tag) {
-    current().transfers.push_back({false, peer, buffer, count, type, tag});
-    return *this;
+  /// out (count) := this rank's block of the reduction of in (count x group size).
+  Schedule& reduce_scatter(Group group, Buffer in, Buffer out, ReduceOp op = ReduceOp::sum) {
+    return collective({CollectiveKind::reduce_scatter, group, in, out, op, 0});
   }
-  /// One nonblocking collective for this step, e.g.
-  /// [=](MPI_Request* r) { return MPI_Iallreduce(..., sub_comm, r); }. Collective steps of all
-  /// operations are posted in submission order, as MPI requires.
-  Schedule& collective(std::function<int(MPI_Request*)> post) {
-    current().collective = std::move(post);
-    return *this;
+  /// out (count x group size) := every member's in (count), in group rank order.
+  Schedule& allgather(Group group, Buffer in, Buffer out) {
+    return collective({CollectiveKind::allgather, group, in, out, ReduceOp::sum, 0});
   }
-  /// Collective steps on a (sub-)communicator, e.g. the node communicator of hierarchical modes.
-  Schedule& reduce_scatter_block(MPI_Comm comm, const void* send, void* recv, int count, MPI_Datatype type) {
-    return collective(
-        [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, count, type, MPI_SUM, comm, r); });
-  }
-  Schedule& allgather(MPI_Comm comm, const void* send, void* recv, int count, MPI_Datatype type) {
-    return collective([=](MPI_Request* r) { return MPI_Iallgather(send, count, type, recv, count, type, comm, r); });
+  Schedule& broadcast(Group group, Buffer inout, int root) {
+    return collective({CollectiveKind::broadcast, group, {}, inout, ReduceOp::sum, root});
   }
   /// Local work after this step's transfers complete (plain loops or kernels on the caller's
-  /// thread; it may throw, which fails the request on this rank).
+  /// thread). An exception from the last step fails the operation on this rank only (peers
+  /// expect nothing more from it); from an earlier step it fails the Engine on every rank.
   Schedule& then(std::function<void()> work) {
     current().local_work = std::move(work);
     return *this;
@@ -74,10 +123,11 @@ class Schedule {
 
   const std::string& label() const noexcept { return label_; }
   std::vector<Step>& steps() noexcept { return steps_; }
-  /// Number of steps that post a collective (the engine orders these across operations).
+  const std::vector<Step>& steps() const noexcept { return steps_; }
+  /// Number of steps that run a collective (the engine orders these across operations).
   long long collective_steps() const {
     long long n = 0;
-    for (const auto& s : steps_) n += s.collective ? 1 : 0;
+    for (const auto& s : steps_) n += s.collective.kind != CollectiveKind::none ? 1 : 0;
     return n;
   }
 
@@ -85,6 +135,17 @@ class Schedule {
   Step& current() {
     if (steps_.empty()) steps_.emplace_back();
     return steps_.back();
+  }
+  Schedule& transfer(bool is_send, int peer, Buffer b, int tag) {
+    if (tag < 0 || tag >= kMaxTag)
+      kdist::impl::throw_invalid("kdist::comm::Schedule", "schedule '" + label_ + "' uses tag " + std::to_string(tag) +
+                                                              " outside [0, " + std::to_string(kMaxTag) + ")");
+    current().transfers.push_back({is_send, peer, b, tag});
+    return *this;
+  }
+  Schedule& collective(Collective c) {
+    current().collective = c;
+    return *this;
   }
   std::string label_;
   std::vector<Step> steps_;

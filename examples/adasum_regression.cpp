@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     kdist::comm::Communicator world(MPI_COMM_WORLD);
     kdist::comm::Engine engine(world);
-    using Param = kdist::adasum::DeltaOptimizer<double>::Param;
+    using Param = kdist::adasum::DeltaOptimizer<double, Kokkos::HostSpace>::Param;
 
     const int dim = 8, samples = 64;
     std::vector<double> w_true(dim);
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
     }
 
     Param w("w", dim), b("b", 1), gw("grad w", dim), gb("grad b", 1);  // parameters start at 0 everywhere
-    kdist::adasum::DeltaOptimizer<double> opt(engine, {w, b});
+    kdist::adasum::DeltaOptimizer<double, Kokkos::HostSpace> opt(engine, {w, b});
     auto loss_and_grad = [&] {
       double loss = 0;
       Kokkos::deep_copy(gw, 0.0);
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     double last = first;
     for (int step = 0; step < 60; ++step) {
       loss_and_grad();
-      opt.step({gw, gb}, [&] {
+      opt.step(Kokkos::DefaultHostExecutionSpace(), {gw, gb}, [&] {
         for (int j = 0; j < dim; ++j) w(j) -= lr * gw(j);
         b(0) -= lr * gb(0);
       });

@@ -13,6 +13,7 @@
 #include "bench_mpi.hpp"
 
 namespace {
+using Host = Kokkos::DefaultHostExecutionSpace;
 
 using kdist::Clock;
 using kdist_bench::max_over_ranks;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
         for (std::size_t bytes = 1024; bytes <= (64u << 20); bytes *= 4) {
           const std::size_t n = bytes / sizeof(float);
           std::vector<float> a(n), b(n);
+          Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> bv(b.data(), n);
           for (std::size_t tensors : {std::size_t(1), std::size_t(64)}) {
             fill(a, me);
             fill(b, me);
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
               MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             });
             const double t_ada =
-                time_median(reps, [&] { kdist::adasum::allreduce<float>(engine, b.data(), n, bounds).wait(); });
+                time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds).wait(); });
             table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), t_mpi, t_ada, t_ada / t_mpi});
           }
         }
@@ -91,8 +93,9 @@ int main(int argc, char** argv) {
           const std::size_t n = bytes / sizeof(float);
           std::vector<float> a(n);
           fill(a, me);
+          Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> av(a.data(), n);
           kdist::adasum::AdasumCounters c;
-          kdist::adasum::allreduce<float>(engine, a.data(), n, even_bounds(n, 64), {}, nullptr, &c).wait();
+          kdist::adasum::allreduce(Host(), engine, av, even_bounds(n, 64), {}, nullptr, &c).wait();
           const double bound =
               (2.0 * (Pp - 1) / Pp * static_cast<double>(n) + (me < 2 * q ? static_cast<double>(n) : 0.0)) * 4;
           const long long mine[] = {c.vector_bytes_sent, c.vector_exchanges, c.partial_reductions,

@@ -108,7 +108,7 @@ void part_fusion(int reps, int rows, kdist_bench::Table& table) {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const auto layers = resnet50_layers();
-  using FA = FusedAllreducer<float>;
+  using FA = FusedAllreducer<float, Kokkos::HostSpace>;
   std::vector<FA::Tensor> specs;
   std::vector<FA::Symmetric> factors;
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -155,8 +155,9 @@ void part_fusion(int reps, int rows, kdist_bench::Table& table) {
     PlannerOptions po;
     po.planner = pl;
     po.threshold_bytes = 64u << 20;
-    const FusionPlan plan = decide_plan_on_root(world, t, cost, po);
-    FA fused(eng, specs, plan, FA::average());
+    const FusionPlan plan = decide_plan_on_root(eng, t, cost, po);
+    FA fused(eng, specs, FA::average());
+    fused.set_plan(plan);
     std::vector<double> exposed, scatter;
     for (int r = 0; r < reps + 1; ++r) {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -165,11 +166,11 @@ void part_fusion(int reps, int rows, kdist_bench::Table& table) {
       for (std::size_t l = 0; l < layers.size(); ++l) {
         // The layer's compute: wait out its modelled time, polling the engine as hooks would.
         while (Clock::local_now() - t0 < compute_end[l]) eng.progress();
-        fused.ready(static_cast<int>(l), factors[l]);
+        fused.ready(Host(), static_cast<int>(l), factors[l]);
       }
       fused.wait_reduced();
       const double t_reduced = Clock::local_now() - t0;
-      fused.scatter();
+      fused.scatter(Host());
       const double t_scatter = Clock::local_now() - t0 - t_reduced;
       const double e = max_over_ranks(t_reduced - t.back().ready);
       const double sc = max_over_ranks(t_scatter);

@@ -148,9 +148,11 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
 // ---- the distributed all-reduce ----------------------------------------------------------------
 
 template <class T>
-void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, const adasum::Topology* topo = nullptr) {
+void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int node_size = 0) {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
+  std::unique_ptr<adasum::Topology> topo_owner(node_size ? new adasum::Topology(eng, node_size) : nullptr);
+  const adasum::Topology* topo = topo_owner.get();
   const int P = world.size(), me = world.rank();
   const auto bounds = bounds_of(sizes);
   const std::size_t n = bounds.back();
@@ -248,12 +250,12 @@ TEST_CASE("hierarchical Adasum equals Adasum over node averages and differs from
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   const int P = world.size();
   if (P % 2 != 0) return;  // node size 2
-  adasum::Topology topo(world, 2);
-  check_distributed<double>({100, 1, 37}, 7, &topo);
-  check_distributed<float>({9}, 8, &topo);
+  check_distributed<double>({100, 1, 37}, 7, 2);
+  check_distributed<float>({9}, 8, 2);
+  kdist::comm::Engine eng(world);
+  adasum::Topology topo(eng, 2);
   if (P == 4) {
     // Adasum(avg(x0, x1), avg(x2, x3)) != flat Adasum(x0, x1, x2, x3) on the same inputs.
-    kdist::comm::Engine eng(world);
     const std::vector<std::size_t> b{0, 50};
     auto h = view_of<double>(input<double>(world.rank(), 50, 11));
     auto f = view_of<double>(input<double>(world.rank(), 50, 11));
@@ -261,7 +263,7 @@ TEST_CASE("hierarchical Adasum equals Adasum over node averages and differs from
     adasum::allreduce(Host(), eng, f, b).wait();
     CHECK(kdist_test::rel_l2(vec_of(h), vec_of(f)) > 1e-3);
   }
-  if (P >= 4) REQUIRE_THROWS_WITH(adasum::Topology(world, P - 1), Catch::Contains("does not divide"));
+  if (P >= 4) REQUIRE_THROWS_WITH(adasum::Topology(eng, P - 1), Catch::Contains("does not divide"));
 }
 
 TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the rank", "[adasum][mpi]") {
@@ -270,7 +272,7 @@ TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the r
   const int P = world.size(), me = world.rank();
   for (bool hier : {false, true}) {
     if (hier && P % 2 != 0) continue;
-    std::unique_ptr<adasum::Topology> topo(hier ? new adasum::Topology(world, 2) : nullptr);
+    std::unique_ptr<adasum::Topology> topo(hier ? new adasum::Topology(eng, 2) : nullptr);
     Kokkos::View<float*, Kokkos::HostSpace> v("v", 30);
     Kokkos::deep_copy(v, 1.0f);
     if (me == P - 1) v(12) = std::numeric_limits<float>::quiet_NaN();

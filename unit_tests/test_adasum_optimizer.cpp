@@ -60,8 +60,8 @@ TEST_CASE("delta optimizer: start + Adasum(p_local - start), the plain step at o
   }
   const Vec tree = kdist_test::adasum_tree(deltas, bounds);
 
-  adasum::DeltaOptimizer<double> opt(eng, ps);
-  opt.step(gs, [&] { sgd(ps, gs, lr); });
+  adasum::DeltaOptimizer<double, Kokkos::HostSpace> opt(eng, ps);
+  opt.step(Host(), gs, [&] { sgd(ps, gs, lr); });
   Vec got, want;
   for (std::size_t k = 0; k < sizes.size(); ++k)
     for (std::size_t i = 0; i < sizes[k]; ++i) got.push_back(ps[k](i));
@@ -79,9 +79,9 @@ TEST_CASE("delta optimizer clips the gradients before the local step", "[adasum]
   kdist::comm::Engine eng(world);
   std::vector<Param> ps{param("w", Vec(4, 1.0))}, gs{param("g", Vec{3.0, 4.0, 0.0, 0.0})};  // |g| = 5
   std::vector<double> seen;
-  adasum::DeltaOptimizer<double> opt(eng, ps);
+  adasum::DeltaOptimizer<double, Kokkos::HostSpace> opt(eng, ps);
   opt.step(
-      gs,
+      Host(), gs,
       [&] {
         seen = {gs[0](0), gs[0](1)};
         sgd(ps, gs, 1.0);
@@ -100,23 +100,23 @@ TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllre
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
   const int P = world.size(), me = world.rank();
-  using FA = kdist::comm::FusedAllreducer<double>;
+  using FA = kdist::comm::FusedAllreducer<double, Kokkos::HostSpace>;
   const std::vector<FA::Tensor> specs{{"conv.w", 30, false}, {"conv.b", 3, false}, {"fc.w", 50, false}};
   std::vector<std::size_t> bounds{0, 30, 33, 83};
   std::vector<Vec> inputs;
   for (int r = 0; r < P; ++r) inputs.push_back(random_vec(83, 7 + r));
   for (auto mode :
        {adasum::GradientReduction::sum, adasum::GradientReduction::average, adasum::GradientReduction::adasum}) {
-    FA fused(eng, specs, kdist::comm::plan_threshold({{240, 0}, {24, 0}, {400, 0}}, 300),
-             adasum::make_reduction<double>(mode));
+    FA fused(eng, specs, adasum::make_reduction<double, Kokkos::HostSpace>(mode));
+    fused.set_plan(kdist::comm::plan_threshold({{240, 0}, {24, 0}, {400, 0}}, 300));
     std::vector<FA::Vector> ts;
     fused.begin();
     for (std::size_t t = 0; t < specs.size(); ++t) {
       ts.emplace_back(specs[t].label, specs[t].dim);
       for (std::size_t i = 0; i < specs[t].dim; ++i) ts[t](i) = inputs[static_cast<std::size_t>(me)][bounds[t] + i];
-      fused.ready(static_cast<int>(t), ts[t]);
+      fused.ready(Host(), static_cast<int>(t), ts[t]);
     }
-    fused.wait();
+    fused.wait(Host());
     Vec got;
     for (const auto& t : ts)
       for (std::size_t i = 0; i < t.extent(0); ++i) got.push_back(t(i));

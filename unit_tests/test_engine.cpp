@@ -121,8 +121,8 @@ TEST_CASE("composite schedule: ring all-gather with local work between rounds", 
   kdist::comm::Schedule s("ring-sum");
   for (int round = 0; round < P - 1; ++round) {
     s.step()
-        .send((me + 1) % P, block.data(), n, MPI_DOUBLE, round)
-        .recv((me + P - 1) % P, incoming.data(), n, MPI_DOUBLE, round)
+        .send((me + 1) % P, kdist::comm::Buffer::host(block.data(), n), round)
+        .recv((me + P - 1) % P, kdist::comm::Buffer::host(incoming.data(), n), round)
         .then([&] {
           for (int i = 0; i < n; ++i) {
             total[i] += incoming[i];
@@ -131,7 +131,9 @@ TEST_CASE("composite schedule: ring all-gather with local work between rounds", 
         });
   }
   const long long sent_before = eng.stats().bytes_sent;
-  eng.submit(std::move(s), n, kdist::comm::DType::float64).wait();
+  eng.submit(std::move(s),
+             {kdist::comm::OpKind::composite, kdist::DType::float64, n, -1, kdist::comm::ReduceOp::sum, "ring-sum", {}})
+      .wait();
   bool ok = true;
   for (int i = 0; i < n; ++i) {
     double ref = 0;
@@ -157,7 +159,7 @@ TEST_CASE("consistency check: mismatches are caught before data moves, on every 
     } catch (const kdist::comm::MismatchError& e) {
       const std::string w = e.what();
       CHECK_THAT(w, Catch::Contains("operation #1") && Catch::Contains("'grad[3]'") &&
-                        Catch::Contains("rank 0: allreduce 'grad[3]' dtype=float64 count=10") &&
+                        Catch::Contains("rank 0: allreduce 'grad[3]' op=sum dtype=float64 count=10") &&
                         Catch::Contains("count=11"));
     }
     CHECK(v(0) == 7.0);                                                       // untouched: no payload moved

@@ -125,7 +125,7 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size(), me = world.rank();
-  using FA = FusedAllreducer<T>;
+  using FA = FusedAllreducer<T, Kokkos::HostSpace>;
   // Flat tensors from 1 to 1e6 elements and packed symmetric ones.
   std::vector<typename FA::Tensor> specs = {{"g0", 1, false},  {"A0", 7, true},        {"g1", 1000, false},
                                             {"G0", 33, true},  {"g2", 1000000, false}, {"g3", 3, false},
@@ -137,8 +137,9 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
     PlannerOptions opt;
     opt.planner = pl;
     opt.threshold_bytes = 64 * 1024;
-    const FusionPlan plan = decide_plan_on_root(world, sizes, cost, opt);
-    FA fused(eng, specs, plan, FA::sum());
+    FA fused(eng, specs, FA::sum());
+    fused.set_plan(decide_plan_on_root(eng, sizes, cost, opt));
+    const FusionPlan plan = fused.plan();
     std::vector<typename FA::Vector> flat(specs.size());
     std::vector<typename FA::Symmetric> sym(specs.size());
     const long long calls_before = eng.stats().collective_calls;
@@ -149,14 +150,14 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
         sym[i] = typename FA::Symmetric(specs[i].label, d, d);
         for (int a = 0; a < d; ++a)
           for (int b = a; b < d; ++b) sym[i](a, b) = sym[i](b, a) = static_cast<T>((me + 1) * (a + 2 * b) % 13);
-        fused.ready(static_cast<int>(i), sym[i]);
+        fused.ready(Host(), static_cast<int>(i), sym[i]);
       } else {
         flat[i] = typename FA::Vector(specs[i].label, specs[i].dim);
         for (std::size_t k = 0; k < specs[i].dim; ++k) flat[i](k) = static_cast<T>((me + 1) * ((k + i) % 11));
-        fused.ready(static_cast<int>(i), flat[i]);
+        fused.ready(Host(), static_cast<int>(i), flat[i]);
       }
     }
-    fused.wait();
+    fused.wait(Host());
     INFO("planner " << to_string(pl) << " groups " << plan.groups());
     CHECK(eng.stats().collective_calls - calls_before == plan.groups());
     const double tri = P * (P + 1) / 2.0;  // sum over ranks of (rank + 1)
@@ -182,10 +183,10 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
 TEST_CASE("FusedAllreducer rejects out-of-order and mis-sized tensors", "[comm][fusion]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
-  using FA = FusedAllreducer<double>;
-  FA fused(eng, {{"a", 4, false}, {"b", 5, false}}, plan_none(2));
+  using FA = FusedAllreducer<double, Kokkos::HostSpace>;
+  FA fused(eng, {{"a", 4, false}, {"b", 5, false}});
   fused.begin();
   FA::Vector b("b", 5), a("a", 3);
-  REQUIRE_THROWS_WITH(fused.ready(1, b), Catch::Contains("out of order") && Catch::Contains("expected 0"));
-  REQUIRE_THROWS_WITH(fused.ready(0, a), Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
+  REQUIRE_THROWS_WITH(fused.ready(Host(), 1, b), Catch::Contains("out of order") && Catch::Contains("expected 0"));
+  REQUIRE_THROWS_WITH(fused.ready(Host(), 0, a), Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
 }

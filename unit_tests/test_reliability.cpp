@@ -1,0 +1,281 @@
+// Disagreements between ranks are errors on every rank, never a silent wrong answer, a crash or a
+// hang (issues 7 and 8). Each case ran into the defect before the fix: a hang, an MPI abort, or
+// ranks ending with different values.
+#include <catch2/catch.hpp>
+#include <kdist/adasum/allreduce.hpp>
+#include <kdist/comm/fused_allreducer.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "test_space.hpp"
+
+using kdist::comm::Communicator;
+using kdist::comm::Engine;
+using kdist::comm::MismatchError;
+using kdist::comm::ReduceOp;
+using kdist::comm::RemoteError;
+using kdist_test::TestExec;
+using kdist_test::TestMem;
+
+namespace {
+using Vec = Kokkos::View<double*, TestMem>;
+Vec filled(const std::string& label, std::size_t n, double value) {
+  Vec v(label, n);
+  Kokkos::deep_copy(v, value);
+  return v;
+}
+double first(const Vec& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return h(0);
+}
+void sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+}  // namespace
+
+TEST_CASE("two Engines on one Communicator never deadlock, with a skewed start", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  for (int run = 0; run < 10; ++run) {
+    Engine grads(world), factors(world);
+    if (me == 1) sleep_ms(run == 0 ? 200 : 20);
+    auto g = filled("grad", 1000, me + 1.0), a = filled("A", 1000, 2.0 * me);
+    auto rg = grads.allreduce(TestExec(), g, ReduceOp::sum, "grad");
+    auto rf = factors.allreduce(TestExec(), a, ReduceOp::sum, "A");
+    for (int i = 0; i < 50; ++i) grads.progress();
+    rf.wait();
+    rg.wait();
+    CHECK(first(g) == P * (P + 1) / 2.0);
+    CHECK(first(a) == P * (P - 1.0));
+  }
+}
+
+TEST_CASE("ranks asking for different reductions get a MismatchError naming each op", "[reliability][check]") {
+  Communicator world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  Engine eng(world);
+  auto v = filled("grad[0]", 10, 1.0);
+  const ReduceOp op = world.rank() == 0 ? ReduceOp::sum : ReduceOp::average;
+  REQUIRE_THROWS_MATCHES(eng.allreduce(TestExec(), v, op, "grad[0]").wait(), MismatchError,
+                         Catch::Matchers::Predicate<MismatchError>([](const MismatchError& e) {
+                           const std::string w = e.what();
+                           return w.find("op=sum") != std::string::npos && w.find("op=average") != std::string::npos &&
+                                  w.find("'grad[0]'") != std::string::npos;
+                         }));
+  CHECK(first(v) == 1.0);  // nothing moved
+}
+
+TEST_CASE("equal-sized collectives submitted in a different order are caught by their labels", "[reliability][check]") {
+  Communicator world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  Engine eng(world);
+  auto a = filled("A", 10, 1.0), b = filled("B", 10, 2.0);
+  const bool swap = world.rank() == 1;
+  try {
+    auto r1 = eng.allreduce(TestExec(), swap ? b : a, ReduceOp::sum, swap ? "B" : "A");
+    auto r2 = eng.allreduce(TestExec(), swap ? a : b, ReduceOp::sum, swap ? "A" : "B");
+    r1.wait();
+    r2.wait();
+    FAIL("no mismatch raised");
+  } catch (const MismatchError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("allreduce 'A'") && Catch::Contains("allreduce 'B'"));
+  }
+  CHECK(first(a) == 1.0);
+  CHECK(first(b) == 2.0);
+}
+
+TEST_CASE("FusedAllreducer with tensors registered in a different order is caught by the layout",
+          "[reliability][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  const bool swap = world.rank() == 1;
+  SECTION("equal sizes, swapped labels") {
+    Engine eng(world);
+    FA fused(eng,
+             swap ? std::vector<FA::Tensor>{{"w2", 8, false}, {"w1", 8, false}}
+                  : std::vector<FA::Tensor>{{"w1", 8, false}, {"w2", 8, false}},
+             FA::sum());
+    fused.set_plan(kdist::comm::FusionPlan{{2}});
+    auto x = filled("x", 8, 1.0), y = filled("y", 8, 2.0);
+    auto run = [&] {  // the mismatch surfaces in ready() or wait(), depending on timing
+      fused.begin();
+      fused.ready(TestExec(), 0, x);
+      fused.ready(TestExec(), 1, y);
+      fused.wait(TestExec());
+    };
+    REQUIRE_THROWS_WITH(
+        run(), Catch::Contains("layout=2 tensors [8:w1 8:w2]") && Catch::Contains("layout=2 tensors [8:w2 8:w1]"));
+    CHECK(first(x) == 1.0);
+  }
+  SECTION("different sizes landing in one group") {
+    Engine eng(world);
+    FA fused(eng,
+             swap ? std::vector<FA::Tensor>{{"w1", 6, false}, {"w2", 10, false}}
+                  : std::vector<FA::Tensor>{{"w1", 10, false}, {"w2", 6, false}},
+             FA::sum());
+    fused.set_plan(kdist::comm::FusionPlan{{2}});
+    auto x = filled("x", swap ? 6 : 10, 1.0), y = filled("y", swap ? 10 : 6, 2.0);
+    auto run = [&] {
+      fused.begin();
+      fused.ready(TestExec(), 0, x);
+      fused.ready(TestExec(), 1, y);
+      fused.wait(TestExec());
+    };
+    REQUIRE_THROWS_AS(run(), MismatchError);
+  }
+}
+
+TEST_CASE("Adasum with different tensor boundaries or counts on different ranks is a MismatchError",
+          "[reliability][adasum]") {
+  Communicator world(MPI_COMM_WORLD);
+  if (world.size() < 2) return;
+  const bool other = world.rank() == 1;
+  SECTION("same total, different boundaries") {
+    Engine eng(world);
+    auto v = filled("delta", 30, 1.0 + world.rank());
+    REQUIRE_THROWS_AS(
+        kdist::adasum::allreduce(TestExec(), eng, v,
+                                 other ? std::vector<std::size_t>{0, 15, 30} : std::vector<std::size_t>{0, 10, 30})
+            .wait(),
+        MismatchError);
+  }
+  SECTION("same total, different tensor counts (was: MPI abort in Testall)") {
+    Engine eng(world);
+    auto v = filled("delta", 30, 1.0 + world.rank());
+    REQUIRE_THROWS_WITH(
+        kdist::adasum::allreduce(TestExec(), eng, v,
+                                 other ? std::vector<std::size_t>{0, 10, 20, 30} : std::vector<std::size_t>{0, 30})
+            .wait(),
+        Catch::Contains("layout=1 tensors") && Catch::Contains("layout=3 tensors"));
+  }
+}
+
+TEST_CASE("a rank that finishes while others still submit is named on every rank", "[reliability][finish]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  Engine eng(world);
+  auto v = filled("grad", 4, 1.0);
+  eng.allreduce(TestExec(), v, ReduceOp::sum, "grad").wait();
+  try {
+    if (me == P - 1) {
+      eng.finish();  // one collective fewer than the others
+    } else {
+      eng.allreduce(TestExec(), v, ReduceOp::sum, "last grad").wait();
+    }
+    FAIL("no error");
+  } catch (const MismatchError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("rank " + std::to_string(P - 1) + ": finish") &&
+                             Catch::Contains("allreduce 'last grad'"));
+  }
+}
+
+TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hanging", "[reliability][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  Engine eng(world);
+  FA fused(eng, {{"w1", 4, false}, {"w2", 4, false}}, FA::sum());
+  auto x = filled("x", 4, 1.0), y = filled("y", 4, 1.0);
+  fused.begin();
+  if (me == 0) {
+    REQUIRE_THROWS_WITH(fused.ready(TestExec(), 1, y), Catch::Contains("out of order"));
+  } else {
+    auto run = [&] {  // the failure surfaces in ready() (a submission) or in wait()
+      fused.ready(TestExec(), 0, x);
+      fused.ready(TestExec(), 1, y);
+      fused.wait(TestExec());
+    };
+    REQUIRE_THROWS_MATCHES(run(), RemoteError, Catch::Matchers::Predicate<RemoteError>([](const RemoteError& e) {
+                             return std::string(e.what()).find("rank 0 failed") != std::string::npos &&
+                                    std::string(e.what()).find("out of order") != std::string::npos;
+                           }));
+  }
+  CHECK_FALSE(eng.healthy());
+}
+
+TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  bool local_error = false, remote_error = false;
+  try {
+    Engine eng(world);
+    auto a = filled("A[0]", 100, 1.0), g = filled("G[0]", 100, 1.0);
+    auto ra = eng.allreduce(TestExec(), a, ReduceOp::sum, "A[0]");
+    if (me == P - 1) throw std::runtime_error("NaN in activations of layer 0");
+    auto rg = eng.allreduce(TestExec(), g, ReduceOp::sum, "G[0]");
+    rg.wait();
+    ra.wait();
+  } catch (const RemoteError& e) {
+    remote_error = true;
+    CHECK_THAT(e.what(), Catch::Contains("rank " + std::to_string(P - 1)) &&
+                             Catch::Contains("destroyed its Engine while an exception was propagating"));
+  } catch (const std::runtime_error& e) {
+    local_error = std::string(e.what()) == "NaN in activations of layer 0";
+  }
+  CHECK((me == P - 1 ? local_error : remote_error));
+}
+
+TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers", "[reliability][stall]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  kdist::comm::EngineOptions o;
+  o.stall_warning_seconds = 0.3;
+  o.stall_timeout_seconds = 1.0;
+  Engine eng(world, o);
+  auto v = filled("lonely", 4, 1.0);
+  if (me == 0) {
+    REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "lonely").wait(), kdist::comm::StallError);
+  } else {
+    // Busy elsewhere, then back in the engine: the peer's failure is waiting here.
+    for (int i = 0; i < 400 && eng.healthy(); ++i) {
+      sleep_ms(10);
+      eng.progress();
+    }
+    REQUIRE_THROWS_WITH(eng.allreduce(TestExec(), v, ReduceOp::sum, "late").wait(), Catch::Contains("rank 0 failed"));
+  }
+}
+
+TEST_CASE("a Request outlives its Engine", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Request done;
+  {
+    Engine eng(world);
+    auto v = filled("v", 4, 1.0);
+    done = eng.allreduce(TestExec(), v, ReduceOp::sum, "v");
+    done.wait();
+  }
+  CHECK_NOTHROW(done.wait());
+  CHECK(done.test());
+}
+
+TEST_CASE("two threads on one Engine get an error, not a crash", "[reliability][threads]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  Engine eng(world);
+  auto v = filled("v", 4, 1.0);
+  if (me == 1) sleep_ms(400);
+  auto r = eng.allreduce(TestExec(), v, ReduceOp::sum, "v");
+  if (me == 0) {
+    std::string seen;
+    std::thread other([&] {
+      sleep_ms(100);
+      try {
+        eng.progress();
+      } catch (const kdist::InvalidArgument& e) {
+        seen = e.what();
+      }
+    });
+    r.wait();  // holds the engine while rank 1 sleeps
+    other.join();
+    CHECK_THAT(seen, Catch::Contains("another thread"));
+  } else {
+    r.wait();
+  }
+}
