@@ -1,7 +1,8 @@
 // Writes the cost-model calibration file the planners and placement read:
 //   mpiexec -n P kdist_calibrate --out costs.json [--max-bytes N] [--reps R] [--inverse-max-d D]
 #include <CLI/CLI.hpp>
-#include <kdist/comm/cost_model.hpp>
+#include <kdist/comm/calibrate.hpp>
+#include <kdist/core/inverse_calibration.hpp>
 
 #include <cstdio>
 
@@ -25,22 +26,22 @@ int main(int argc, char** argv) {
       app.parse(argc, argv);
       kdist::comm::Communicator world(MPI_COMM_WORLD);
       kdist::comm::Engine engine(world);
-      kdist::comm::CostModelStore store;
+      kdist::CostModelStore store;
       if (std::FILE* f = std::fopen(out.c_str(), "r")) {
         std::fclose(f);
-        store = kdist::comm::CostModelStore::load(out);
+        store = kdist::CostModelStore::load(out);
       }
-      for (auto op : {kdist::comm::OpKind::allreduce, kdist::comm::OpKind::broadcast})
-        for (auto dt : {kdist::comm::DType::float32, kdist::comm::DType::float64}) {
+      for (auto op : {kdist::CostOp::allreduce, kdist::CostOp::broadcast})
+        for (auto dt : {kdist::DType::float32, kdist::DType::float64}) {
           const auto m = kdist::comm::calibrate_collective(engine, op, dt, opt);
-          store.set({kdist::comm::to_string(op), kdist::to_string(dt), world.size(), world.kind()}, m);
+          store.set({op, dt, world.size(), world.kind()}, m);
           if (world.rank() == 0)
-            std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::comm::to_string(op),
+            std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::to_string(op),
                         kdist::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
         }
       if (inverse_max_d > 0) {
-        const auto m = kdist::comm::calibrate_inverse(inverse_max_d, budget);
-        store.set({"spd_inverse", "float64", 1, "local"}, m);
+        const auto m = kdist::calibrate_inverse(inverse_max_d, budget);
+        store.set({kdist::CostOp::spd_inverse, kdist::DType::float64, 1, "local"}, m);
         if (world.rank() == 0)
           std::printf("spd_inverse float64: t = %.3g + %.3g d^3 s (%.1f GFLOP/s), up to d = %.0f\n", m.fit().alpha,
                       m.fit().beta, 1e-9 / m.fit().beta, std::cbrt(m.x().back()));

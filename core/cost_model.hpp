@@ -1,17 +1,24 @@
-// Cost models for planners and placement: a measured size -> time table (made monotone,
-// interpolated log-log) with a relative-error-weighted alpha + beta * x fit, stored per
-// (operation, dtype, ranks, communicator kind) in one versioned JSON file. `x` is bytes for
-// communication and d^3 for the SPD inverse. Without calibration, stated defaults apply.
+// Cost models for planners and placement, as pure data: a measured size -> time table (made
+// monotone, interpolated log-log) with a relative-error-weighted alpha + beta * x fit, stored per
+// typed key (operation, dtype, ranks, communicator kind) in one versioned JSON file:
+//   {"version": 1, "entries": [{"op": "allreduce", "dtype": "float32", "ranks": 2, "comm": "world",
+//                               "x": [...], "t": [...], "alpha": ..., "beta": ...}]}
+// `x` is bytes for communication and d^3 for the SPD inverse; times are seconds. Without a
+// calibration, stated defaults apply (CostModelStore::get).
+//
+// Measuring lives with the code that runs the operation: comm/calibrate.hpp (collectives, through
+// an Engine) and core/inverse_calibration.hpp (the SPD inverse on an execution space).
 #pragma once
 
-#include <kdist/comm/engine.hpp>
+#include <kdist/core/dtype.hpp>
 
+#include <cstddef>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kdist {
-namespace comm {
 
 struct AlphaBeta {
   double alpha = 0.0;
@@ -42,15 +49,21 @@ class CostModel {
   std::vector<double> x_, t_;
 };
 
+enum class CostOp { allreduce, broadcast, adasum, spd_inverse };
+/// "allreduce", "broadcast", "adasum", "spd_inverse".
+const char* to_string(CostOp op);
+/// Parses to_string()'s spelling; returns false for anything else.
+bool parse_cost_op(const char* text, CostOp* out);
+
 struct CostKey {
-  std::string op;     ///< "allreduce", "broadcast", "adasum", "spd_inverse"
-  std::string dtype;  ///< "float32", "float64"
+  CostOp op = CostOp::allreduce;
+  DType dtype = DType::float32;
   int ranks = 1;
-  std::string comm = "world";
+  std::string comm = "world";  ///< communicator kind ("world", "node", "cross_node", "local", ...)
+  /// "op/dtype/ranks/comm": the store's ordering and messages.
   std::string str() const;
 };
 
-/// The calibration file: {"version": 1, "entries": [{op, dtype, ranks, comm, x, t, alpha, beta}]}.
 class CostModelStore {
  public:
   static constexpr int kVersion = 1;
@@ -67,19 +80,9 @@ class CostModelStore {
   std::map<std::string, std::pair<CostKey, CostModel>> models_;
 };
 
-struct CalibrationOptions {
-  std::size_t min_bytes = 4;
-  std::size_t max_bytes = 64u << 20;
-  int warmup = 5;
-  int repeats = 5;
-};
+namespace impl {
+/// Median of `samples` (a calibration keeps the median of its repeats); 0 for none.
+double median(std::vector<double> samples);
+}  // namespace impl
 
-/// Measures engine all-reduce (sum) or broadcast (root 0) over log-spaced sizes: warm-up, then
-/// per repeat barrier + one operation, max over ranks, median over repeats. Collective.
-CostModel calibrate_collective(Engine& engine, OpKind op, DType dtype, const CalibrationOptions& options);
-/// Times spd_inverse (Cholesky, double) for d = 64, 128, ... up to max_d or until the time
-/// budget is spent; fits t = alpha + beta d^3. Local (no communication).
-CostModel calibrate_inverse(int max_d, double budget_seconds, int repeats = 3);
-
-}  // namespace comm
 }  // namespace kdist
