@@ -22,7 +22,8 @@ struct CalibrationOptions {
 };
 
 /// Measures `op` (CostOp::allreduce or CostOp::broadcast) on float32 or float64 views.
-/// Throws InvalidArgument for any other operation or dtype. Collective.
+/// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0 or
+/// min_bytes > max_bytes (the same on every rank, before any communication). Collective.
 CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const CalibrationOptions& options);
 
 }  // namespace comm

@@ -101,4 +101,24 @@ TEST_CASE("calibrate_collective measures every size and agrees across ranks", "[
   }
   REQUIRE_THROWS_AS(kdist::comm::calibrate_collective(engine, CostOp::adasum, DType::float32, o),
                     kdist::InvalidArgument);
+  o.repeats = 0;
+  REQUIRE_THROWS_WITH(kdist::comm::calibrate_collective(engine, CostOp::allreduce, DType::float32, o),
+                      Catch::Contains("repeats 0"));
+}
+
+TEST_CASE("calibrate_collective runs every collective through the engine", "[comm][cost][mpi]") {
+  // Per sample: a 1-element all-reduce as the barrier, the measured operation, and a 1-element
+  // max all-reduce of the elapsed time. Nothing may bypass the engine on its communicator.
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine engine(world);
+  kdist::comm::CalibrationOptions o;
+  o.min_bytes = 4;
+  o.max_bytes = 16;
+  o.warmup = 2;
+  o.repeats = 3;
+  const long long samples = 2 * (o.warmup + o.repeats);  // float32: 4 and 16 bytes
+  engine.reset_stats();
+  kdist::comm::calibrate_collective(engine, CostOp::broadcast, DType::float32, o);
+  CHECK(engine.stats().operations == 3 * samples);
+  CHECK(engine.in_flight() == 0);
 }
