@@ -1,51 +1,105 @@
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/error.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 
 namespace kdist {
 
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+/// Sizes finite and >= 0, times finite and > 0, equal counts.
+void check_points(const char* func, const std::vector<double>& x, const std::vector<double>& t) {
+  if (x.size() != t.size())
+    impl::throw_invalid(func, "sizes and times differ in count: " + std::to_string(x.size()) + " sizes and " +
+                                  std::to_string(t.size()) + " times");
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i]) || x[i] < 0)
+      impl::throw_invalid(
+          func, "size " + std::to_string(i) + " is " + number(x[i]) + ": sizes must be finite and non-negative");
+    if (!std::isfinite(t[i]) || !(t[i] > 0))
+      impl::throw_invalid(func,
+                          "time " + std::to_string(i) + " is " + number(t[i]) + ": times must be finite and positive");
+  }
+}
+
+void check_coefficient(const char* func, const char* name, double v) {
+  if (!std::isfinite(v) || v < 0)
+    impl::throw_invalid(func, std::string(name) + " is " + number(v) + ": must be finite and non-negative");
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+/// sum_i (c1 a_i + c2 b_i - 1)^2
+double residual(const std::vector<double>& a, const std::vector<double>& b, double c1, double c2) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += (c1 * a[i] + c2 * b[i] - 1) * (c1 * a[i] + c2 * b[i] - 1);
+  return s;
+}
+
+}  // namespace
+
 AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t) {
   constexpr const char* func = "kdist::fit_alpha_beta";
   if (x.size() != t.size() || x.size() < 2)
-    kdist::impl::throw_invalid(func, "needs >= 2 points of equal count, got " + std::to_string(x.size()) +
-                                         " sizes and " + std::to_string(t.size()) + " times");
-  // Weighted least squares, weights 1/t^2: rows [1/t, x/t] . [alpha, beta] = 1.
-  double s11 = 0, s12 = 0, s22 = 0, r1 = 0, r2 = 0;
+    impl::throw_invalid(func, "needs >= 2 points of equal count, got " + std::to_string(x.size()) + " sizes and " +
+                                  std::to_string(t.size()) + " times");
+  check_points(func, x, t);
+  // Rows [1/t_i, x_i/t_i] . [alpha, beta] = 1, scaled so every entry lies in [0, 1] whatever the
+  // units (t = 1e308 or x = 1e-300 no longer over- or underflow the normal equations):
+  //   a_i = T / t_i, b_i = a_i x_i / X with T = min t, X = max x;  alpha = c1 T, beta = c2 T / X.
+  const double T = *std::min_element(t.begin(), t.end()), X = *std::max_element(x.begin(), x.end());
+  std::vector<double> a(x.size()), b(x.size()), ones(x.size(), 1.0);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    if (!(t[i] > 0)) kdist::impl::throw_invalid(func, "time " + std::to_string(i) + " is not positive");
-    const double a = 1.0 / t[i], b = x[i] / t[i];
-    s11 += a * a;
-    s12 += a * b;
-    s22 += b * b;
-    r1 += a;
-    r2 += b;
+    a[i] = T / t[i];
+    b[i] = X > 0 ? a[i] * (x[i] / X) : 0.0;
   }
-  const double det = s11 * s22 - s12 * s12;
-  if (std::abs(det) < 1e-300 * std::max(1.0, s11 * s22)) kdist::impl::throw_invalid(func, "sizes are all equal");
-  AlphaBeta ab;
-  ab.alpha = (r1 * s22 - r2 * s12) / det;
-  ab.beta = (s11 * r2 - s12 * r1) / det;
-  return ab;
+  // Least squares by modified Gram-Schmidt on [a b]: q = a/|a|, w = b - (q.b) q.
+  const double na = std::sqrt(dot(a, a)), nb = std::sqrt(dot(b, b));
+  std::vector<double> w(b);
+  double r12 = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) r12 += a[i] / na * b[i];
+  for (std::size_t i = 0; i < a.size(); ++i) w[i] -= r12 * a[i] / na;
+  const double r22 = std::sqrt(dot(w, w));
+  if (!(r22 > 1e-12 * nb))
+    impl::throw_invalid(func, "sizes are all equal (" + number(x[0]) + "): the fit needs two distinct sizes");
+  const double y1 = dot(a, ones) / na;
+  double y2 = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) y2 += w[i] / r22 * (1.0 - y1 * a[i] / na);
+  double c2 = y2 / r22, c1 = (y1 - r12 * c2) / na;
+  // alpha, beta >= 0: otherwise the optimum lies on a face of the orthant; take the better face.
+  if (c1 < 0 || c2 < 0) {
+    const double beta_only = dot(b, ones) / dot(b, b), alpha_only = dot(a, ones) / dot(a, a);
+    const bool on_beta = residual(a, b, 0.0, beta_only) < residual(a, b, alpha_only, 0.0);
+    c1 = on_beta ? 0.0 : alpha_only;
+    c2 = on_beta ? beta_only : 0.0;
+  }
+  return {c1 * T, c2 * T / X};
 }
 
 CostModel CostModel::linear(double alpha, double beta) {
+  check_coefficient("kdist::CostModel::linear", "alpha", alpha);
+  check_coefficient("kdist::CostModel::linear", "beta", beta);
   CostModel m;
   m.fit_ = {alpha, beta};
   return m;
 }
 
 CostModel CostModel::from_measurements(std::vector<double> x, std::vector<double> t) {
-  if (x.size() != t.size())
-    kdist::impl::throw_invalid("kdist::CostModel::from_measurements", "sizes and times differ in count");
+  check_points("kdist::CostModel::from_measurements", x, t);
   std::vector<std::size_t> idx(x.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return x[a] < x[b]; });
@@ -114,69 +168,6 @@ bool parse_cost_op(const char* text, CostOp* out) {
 
 std::string CostKey::str() const {
   return std::string(to_string(op)) + "/" + to_string(dtype) + "/" + std::to_string(ranks) + "/" + comm;
-}
-
-CostModel CostModelStore::get(const CostKey& key) const {
-  const auto it = models_.find(key.str());
-  if (it != models_.end()) return it->second.second;
-  if (key.op == CostOp::spd_inverse) return CostModel::linear(0.0, 1.0 / 10e9);  // d^3 flops at 10 GFLOP/s
-  return CostModel();
-}
-
-CostModelStore CostModelStore::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("kdist::CostModelStore::load: cannot open '" + path + "'");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    throw Error("kdist::CostModelStore::load: '" + path + "' is not valid JSON: " + e.what());
-  }
-  if (j.value("version", -1) != kVersion)
-    throw Error("kdist::CostModelStore::load: '" + path + "' has version " + std::to_string(j.value("version", -1)) +
-                ", this kdist reads version " + std::to_string(kVersion));
-  CostModelStore s;
-  for (const auto& e : j.at("entries")) {
-    CostKey k;
-    const std::string op = e.at("op"), dtype = e.at("dtype");
-    if (!parse_cost_op(op.c_str(), &k.op) || !parse_dtype(dtype.c_str(), &k.dtype))
-      throw Error("kdist::CostModelStore::load: '" + path + "' has an unknown operation or dtype: " + op + "/" + dtype);
-    k.ranks = e.at("ranks");
-    k.comm = e.at("comm");
-    CostModel m =
-        CostModel::from_measurements(e.at("x").get<std::vector<double>>(), e.at("t").get<std::vector<double>>());
-    if (m.x().size() < 2) m = CostModel::linear(e.at("alpha"), e.at("beta"));
-    s.set(k, m);
-  }
-  return s;
-}
-
-void CostModelStore::save(const std::string& path) const {
-  nlohmann::json entries = nlohmann::json::array();
-  for (const auto& kv : models_) {
-    const CostKey& k = kv.second.first;
-    const CostModel& m = kv.second.second;
-    entries.push_back({{"op", to_string(k.op)},
-                       {"dtype", to_string(k.dtype)},
-                       {"ranks", k.ranks},
-                       {"comm", k.comm},
-                       {"x", m.x()},
-                       {"t", m.t()},
-                       {"alpha", m.fit().alpha},
-                       {"beta", m.fit().beta}});
-  }
-  // Write a temporary file and rename it: a reader never sees a half-written calibration.
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long long>(::getpid()));
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error("kdist::CostModelStore::save: cannot write '" + tmp + "'");
-    out << nlohmann::json{{"version", kVersion}, {"entries", entries}}.dump(1) << '\n';
-    if (!out) throw Error("kdist::CostModelStore::save: failed writing '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error("kdist::CostModelStore::save: cannot rename '" + tmp + "' to '" + path + "'");
-  }
 }
 
 }  // namespace kdist

@@ -6,6 +6,12 @@
 // `x` is bytes for communication and d^3 for the SPD inverse; times are seconds. Without a
 // calibration, stated defaults apply (CostModelStore::get).
 //
+// Validation. Models hold finite sizes >= 0, finite times > 0 and finite alpha, beta >= 0 (the fit
+// is constrained to them). CostModelStore::load checks every field's JSON type and value and
+// throws kdist::Error naming the file, the entry (index, op/dtype) and the field (a file's sizes
+// must be > 0); no JSON-library
+// exception escapes, and fit errors are reported in the same context.
+//
 // Measuring lives with the code that runs the operation: comm/calibrate.hpp (collectives, through
 // an Engine) and core/inverse_calibration.hpp (the SPD inverse on an execution space).
 #pragma once
@@ -25,16 +31,19 @@ struct AlphaBeta {
   double beta = 0.0;
 };
 
-/// Minimises sum_i ((alpha + beta x_i - t_i) / t_i)^2: relative error, so small sizes count.
-/// Throws InvalidArgument on fewer than 2 points, unequal lengths or non-positive times.
+/// Minimises sum_i ((alpha + beta x_i - t_i) / t_i)^2 subject to alpha, beta >= 0: relative
+/// error, so small sizes count. Throws InvalidArgument on fewer than 2 points, unequal lengths,
+/// sizes not finite or negative, times not finite or not positive, or all sizes equal.
 AlphaBeta fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& t);
 
 class CostModel {
  public:
   /// Stated defaults when nothing was calibrated: alpha 20 us, 5 GB/s (communication).
   CostModel() : fit_{20e-6, 1.0 / 5e9} {}
+  /// Throws InvalidArgument unless alpha and beta are finite and >= 0.
   static CostModel linear(double alpha, double beta);
   /// From measurements (x ascending after sorting); the table is made monotone (running max).
+  /// Throws InvalidArgument on unequal lengths or values outside the ranges above.
   static CostModel from_measurements(std::vector<double> x, std::vector<double> t);
 
   /// Modelled time at x: table interpolation (log-log) inside the measured range, the fit outside.
@@ -72,7 +81,8 @@ class CostModelStore {
   /// The calibrated model, or the stated default for the operation (inverse: d^3 at 10 GFLOP/s).
   CostModel get(const CostKey& key) const;
   std::size_t size() const noexcept { return models_.size(); }
-  /// Throws kdist::Error naming the path on a missing/unreadable file or a version mismatch.
+  /// Throws kdist::Error naming the path (and the entry and field) on a missing or unreadable
+  /// file, a version mismatch, or any field of the wrong type or out of range.
   static CostModelStore load(const std::string& path);
   void save(const std::string& path) const;
 

@@ -8,8 +8,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 using kdist::AlphaBeta;
 using kdist::CostKey;
@@ -121,4 +126,140 @@ TEST_CASE("calibrate_collective runs every collective through the engine", "[com
   kdist::comm::calibrate_collective(engine, CostOp::broadcast, DType::float32, o);
   CHECK(engine.stats().operations == 3 * samples);
   CHECK(engine.in_flight() == 0);
+}
+
+namespace {
+/// What CostModelStore::load says about `text` ("" if it loads), flagging foreign exceptions.
+std::string load_error(const std::string& path, const std::string& text) {
+  {
+    std::ofstream out(path);
+    out << text;
+  }
+  try {
+    CostModelStore::load(path);
+  } catch (const kdist::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("NOT A kdist::Error: ") + e.what();
+  }
+  return "";
+}
+nlohmann::json good_entry() {
+  return {{"op", "allreduce"}, {"dtype", "float32"},      {"ranks", 2},    {"comm", "world"},
+          {"x", {4, 16, 64}},  {"t", {1e-5, 2e-5, 5e-5}}, {"alpha", 1e-5}, {"beta", 1e-9}};
+}
+/// A file whose entry 1 is good_entry() with `field` set to `value` (erased when value is null).
+std::string with_entry_field(const std::string& field, const nlohmann::json& value) {
+  nlohmann::json bad = good_entry();
+  bad["op"] = "broadcast";
+  if (value.is_null())
+    bad.erase(field);
+  else
+    bad[field] = value;
+  return nlohmann::json{{"version", 1}, {"entries", {good_entry(), bad}}}.dump();
+}
+}  // namespace
+
+TEST_CASE("CostModelStore::load rejects wrong types with a kdist::Error naming file and field", "[core][cost]") {
+  const std::string path = "kdist_cost_bad_types." + std::to_string(world_rank()) + ".json";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {R"({"version": "1", "entries": []})", {"'version'", "integer"}},
+      {R"({"version": 1.5, "entries": []})", {"'version'", "integer"}},
+      {R"({"version": 1, "entries": {}})", {"'entries'", "array"}},
+      {R"({"version": 1})", {"'entries'", "missing"}},
+      {R"([1, 2])", {"object"}},
+      {R"({"version": 1, "entries": [5]})", {"entry 0", "object"}},
+      {with_entry_field("op", 3), {"entry 1", "'op'", "string"}},
+      {with_entry_field("op", "allgather"), {"entry 1", "'op'", "allgather"}},
+      {with_entry_field("dtype", "float16"), {"entry 1 (broadcast)", "'dtype'", "float16"}},
+      {with_entry_field("ranks", "2"), {"entry 1 (broadcast/float32", "'ranks'", "integer"}},
+      {with_entry_field("ranks", 2.5), {"entry 1 (broadcast/float32", "'ranks'", "integer"}},
+      {with_entry_field("comm", 7), {"entry 1 (broadcast/float32", "'comm'", "string"}},
+      {with_entry_field("t", nullptr), {"entry 1 (broadcast/float32", "'t'", "missing"}},
+      {with_entry_field("t", "fast"), {"entry 1 (broadcast/float32", "'t'", "array"}},
+      {with_entry_field("x", {4, "16", 64}), {"entry 1 (broadcast/float32", "'x'[1]", "number"}},
+      {with_entry_field("alpha", "1e-5"), {"entry 1 (broadcast/float32", "'alpha'", "number"}},
+      {with_entry_field("beta", nullptr), {"entry 1 (broadcast/float32", "'beta'", "missing"}},
+  };
+  for (const auto& c : cases) {
+    INFO(c.first);
+    const std::string what = load_error(path, c.first);
+    CHECK_THAT(what, Catch::StartsWith("kdist::CostModelStore::load: '" + path + "'"));
+    for (const std::string& s : c.second) CHECK_THAT(what, Catch::Contains(s));
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("CostModelStore::load rejects values out of range, naming file, entry and field", "[core][cost]") {
+  const std::string path = "kdist_cost_bad_values." + std::to_string(world_rank()) + ".json";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {with_entry_field("x", {4, -16, 64}), {"'x'[1]", "-16", "positive"}},
+      {with_entry_field("x", {0, 16, 64}), {"'x'[0]", "positive"}},
+      {with_entry_field("t", {1e-5, -2e-5, 5e-5}), {"'t'[1]", "positive"}},
+      {with_entry_field("t", {1e-5, 0.0, 5e-5}), {"'t'[1]", "positive"}},
+      {with_entry_field("alpha", -1e-5), {"'alpha'", "non-negative"}},
+      {with_entry_field("beta", -1e-9), {"'beta'", "non-negative"}},
+      {with_entry_field("ranks", 0), {"'ranks'", ">= 1"}},
+      {with_entry_field("ranks", -3), {"'ranks'", ">= 1"}},
+      {with_entry_field("t", {1e-5, 2e-5}), {"'x'", "'t'", "3", "2"}},
+      {with_entry_field("x", {16, 16, 16}), {"sizes are all equal"}},  // a fit error, in context
+  };
+  for (const auto& c : cases) {
+    INFO(c.first);
+    const std::string what = load_error(path, c.first);
+    CHECK_THAT(what, Catch::StartsWith("kdist::CostModelStore::load: '" + path + "' entry 1 (broadcast/float32"));
+    for (const std::string& s : c.second) CHECK_THAT(what, Catch::Contains(s));
+  }
+  // Without a table (fewer than two points) alpha and beta are the model: still checked.
+  nlohmann::json lone = good_entry();
+  lone["x"] = nlohmann::json::array();
+  lone["t"] = nlohmann::json::array();
+  lone["beta"] = -1.0;
+  CHECK_THAT(load_error(path, nlohmann::json{{"version", 1}, {"entries", {lone}}}.dump()),
+             Catch::Contains("entry 0 (allreduce/float32/2/world)") && Catch::Contains("'beta'"));
+  lone["beta"] = 1e-9;
+  CHECK(load_error(path, nlohmann::json{{"version", 1}, {"entries", {lone}}}.dump()).empty());
+  std::remove(path.c_str());
+}
+
+TEST_CASE("fit_alpha_beta: huge, non-finite and degenerate inputs get the right error", "[core][cost]") {
+  // t = 1e308 used to underflow the normal equations into "sizes are all equal".
+  const AlphaBeta flat = fit_alpha_beta({1, 2}, {1e308, 1e308});
+  CHECK(flat.alpha == Approx(1e308));
+  CHECK(flat.beta * 2 <= 1e-12 * flat.alpha);  // beta x is negligible over the range
+  const AlphaBeta mixed = fit_alpha_beta({4, 16, 64}, {1e-5, 2e-5, 1e308});
+  CHECK(std::isfinite(mixed.alpha));
+  CHECK(std::isfinite(mixed.beta));
+  const AlphaBeta tiny = fit_alpha_beta({1e-300, 2e-300}, {1e-300, 2e-300});  // t = x
+  CHECK(tiny.alpha == Approx(0.0).margin(1e-310));
+  CHECK(tiny.beta == Approx(1.0));
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  REQUIRE_THROWS_WITH(fit_alpha_beta({1, 2}, {1e-5, inf}), Catch::Contains("time 1") && Catch::Contains("finite"));
+  REQUIRE_THROWS_WITH(fit_alpha_beta({1, nan}, {1e-5, 2e-5}), Catch::Contains("size 1") && Catch::Contains("finite"));
+  REQUIRE_THROWS_WITH(fit_alpha_beta({1, -2}, {1e-5, 2e-5}), Catch::Contains("size 1"));
+  REQUIRE_THROWS_WITH(fit_alpha_beta({1, 2}, {1e-5, -2e-5}), Catch::Contains("time 1") && Catch::Contains("positive"));
+  REQUIRE_THROWS_WITH(fit_alpha_beta({3, 3, 3}, {1e-5, 2e-5, 3e-5}), Catch::Contains("sizes are all equal"));
+  REQUIRE_THROWS_WITH(fit_alpha_beta({1, 2, 3}, {1e-5, 2e-5}), Catch::Contains("3 sizes and 2 times"));
+}
+
+TEST_CASE("fit_alpha_beta keeps alpha and beta non-negative", "[core][cost]") {
+  // Times that fall with size would need beta < 0; times growing faster than linear, alpha < 0.
+  const AlphaBeta falling = fit_alpha_beta({1, 2, 4}, {3e-5, 2e-5, 1e-5});
+  CHECK(falling.beta == 0.0);
+  CHECK(falling.alpha > 0.0);
+  const AlphaBeta convex = fit_alpha_beta({1, 2, 4, 8}, {1e-6, 1e-5, 1e-4, 1e-3});
+  CHECK(convex.alpha == 0.0);
+  CHECK(convex.beta > 0.0);
+}
+
+TEST_CASE("CostModel::linear and from_measurements reject negative and non-finite values", "[core][cost]") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  REQUIRE_THROWS_AS(CostModel::linear(-1e-6, 1e-9), kdist::InvalidArgument);
+  REQUIRE_THROWS_AS(CostModel::linear(1e-6, -1e-9), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(CostModel::linear(nan, 1e-9), Catch::Contains("alpha"));
+  REQUIRE_THROWS_WITH(CostModel::linear(1e-6, inf), Catch::Contains("beta"));
+  REQUIRE_THROWS_WITH(CostModel::from_measurements({-1, 2}, {1e-6, 2e-6}), Catch::Contains("size 0"));
+  REQUIRE_THROWS_WITH(CostModel::from_measurements({1, 2}, {1e-6, nan}), Catch::Contains("time 1"));
+  REQUIRE_THROWS_WITH(CostModel::from_measurements({1}, {-1e-6}), Catch::Contains("time 0"));
+  CHECK(CostModel::linear(0.0, 0.0).time(1e9) == 0.0);
 }
