@@ -1,14 +1,12 @@
 // CostModelStore's JSON file: every field is type- and range-checked before it is used, and
 // every error names the file, the entry (index, then op/dtype, then the whole key as far as it
 // was read) and the field, so a hand-edited or truncated calibration points at its own fault.
+#include <kdist/core/atomic_file.hpp>
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/error.hpp>
 
-#include <unistd.h>
-
 #include <climits>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -155,7 +153,7 @@ CostModelStore CostModelStore::load(const std::string& path) {
 }
 
 void CostModelStore::save(const std::string& path) const {
-  nlohmann::json entries = nlohmann::json::array();
+  json entries = json::array();
   for (const auto& kv : models_) {
     const CostKey& k = kv.second.first;
     const CostModel& m = kv.second.second;
@@ -168,18 +166,8 @@ void CostModelStore::save(const std::string& path) const {
                        {"alpha", m.fit().alpha},
                        {"beta", m.fit().beta}});
   }
-  // Write a temporary file and rename it: a reader never sees a half-written calibration.
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long long>(::getpid()));
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error("kdist::CostModelStore::save: cannot write '" + tmp + "'");
-    out << nlohmann::json{{"version", kVersion}, {"entries", entries}}.dump(1) << '\n';
-    if (!out) throw Error("kdist::CostModelStore::save: failed writing '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error("kdist::CostModelStore::save: cannot rename '" + tmp + "' to '" + path + "'");
-  }
+  write_file_atomically(path, json{{"version", kVersion}, {"entries", entries}}.dump(1) + '\n',
+                        "kdist::CostModelStore::save");
 }
 
 }  // namespace kdist

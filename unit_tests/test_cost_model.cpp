@@ -3,8 +3,12 @@
 // (core/inverse_calibration.hpp).
 #include <catch2/catch.hpp>
 #include <kdist/comm/calibrate.hpp>
+#include <kdist/core/atomic_file.hpp>
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/inverse_calibration.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -262,4 +266,19 @@ TEST_CASE("CostModel::linear and from_measurements reject negative and non-finit
   REQUIRE_THROWS_WITH(CostModel::from_measurements({1, 2}, {1e-6, nan}), Catch::Contains("time 1"));
   REQUIRE_THROWS_WITH(CostModel::from_measurements({1}, {-1e-6}), Catch::Contains("time 0"));
   CHECK(CostModel::linear(0.0, 0.0).time(1e9) == 0.0);
+}
+
+TEST_CASE("CostModelStore::save to an unwritable place names the path and leaves the old file", "[core][cost]") {
+  CostModelStore store;
+  store.set({CostOp::allreduce, DType::float32, 1, "world"}, CostModel::linear(1e-5, 1e-9));
+  REQUIRE_THROWS_WITH(store.save("/nonexistent-kdist-dir/c.json"),
+                      Catch::StartsWith("kdist::CostModelStore::save: cannot write '/nonexistent-kdist-dir/c.json'"));
+  // The destination is a directory: the temporary is written, the rename fails and it is removed.
+  const std::string dir = "kdist_cost_save_dir." + std::to_string(world_rank());
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  REQUIRE(::mkdir((dir + "/x").c_str(), 0755) == 0);
+  REQUIRE_THROWS_WITH(store.save(dir), Catch::Contains("cannot replace '" + dir + "'"));
+  CHECK(::access(kdist::atomic_temporary_path(dir).c_str(), F_OK) != 0);
+  ::rmdir((dir + "/x").c_str());
+  ::rmdir(dir.c_str());
 }
