@@ -7,10 +7,9 @@
 // calibration, stated defaults apply (CostModelStore::get).
 //
 // Validation. Models hold finite sizes >= 0, finite times > 0 and finite alpha, beta >= 0 (the fit
-// is constrained to them). CostModelStore::load checks every field's JSON type and value and
-// throws kdist::Error naming the file, the entry (index, op/dtype) and the field (a file's sizes
-// must be > 0); no JSON-library
-// exception escapes, and fit errors are reported in the same context.
+// is constrained to them). CostModelStore::load checks every field's JSON type and value (a
+// file's sizes must be > 0) and throws kdist::Error naming the file, the entry (index, op/dtype)
+// and the field; no JSON-library exception escapes, and fit errors come in the same context.
 //
 // Measuring lives with the code that runs the operation: comm/calibrate.hpp (collectives, through
 // an Engine) and core/inverse_calibration.hpp (the SPD inverse on an execution space).
