@@ -34,6 +34,14 @@ int world_rank() {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
+kdist::comm::CalibrationOptions tiny_calibration(std::size_t max_bytes, int warmup, int repeats) {
+  kdist::comm::CalibrationOptions o;
+  o.min_bytes = 4;
+  o.max_bytes = max_bytes;
+  o.warmup = warmup;
+  o.repeats = repeats;
+  return o;
+}
 }  // namespace
 
 TEST_CASE("fit_alpha_beta recovers alpha and beta within 5 %", "[core][cost]") {
@@ -98,11 +106,7 @@ TEST_CASE("calibrate_inverse times spd_inverse on an execution space", "[core][c
 TEST_CASE("calibrate_collective measures every size and agrees across ranks", "[comm][cost][mpi]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine engine(world);
-  kdist::comm::CalibrationOptions o;
-  o.min_bytes = 4;
-  o.max_bytes = 64;
-  o.warmup = 1;
-  o.repeats = 2;
+  kdist::comm::CalibrationOptions o = tiny_calibration(64, 1, 2);
   for (CostOp op : {CostOp::allreduce, CostOp::broadcast}) {
     const CostModel m = kdist::comm::calibrate_collective(engine, op, DType::float64, o);
     REQUIRE(m.x() == std::vector<double>{8, 32});  // float64: from 8 bytes, x4 per step
@@ -120,11 +124,7 @@ TEST_CASE("calibrate_collective runs every collective through the engine", "[com
   // max all-reduce of the elapsed time. Nothing may bypass the engine on its communicator.
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine engine(world);
-  kdist::comm::CalibrationOptions o;
-  o.min_bytes = 4;
-  o.max_bytes = 16;
-  o.warmup = 2;
-  o.repeats = 3;
+  const kdist::comm::CalibrationOptions o = tiny_calibration(16, 2, 3);
   const long long samples = 2 * (o.warmup + o.repeats);  // float32: 4 and 16 bytes
   engine.reset_stats();
   kdist::comm::calibrate_collective(engine, CostOp::broadcast, DType::float32, o);
