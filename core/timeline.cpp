@@ -1,7 +1,7 @@
+#include <kdist/core/atomic_file.hpp>
 #include <kdist/core/error.hpp>
 #include <kdist/core/timeline.hpp>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 namespace kdist {
@@ -42,10 +42,7 @@ std::string Timeline::to_json() const {
 }
 
 void Timeline::write(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw Error("kdist::Timeline::write: cannot open '" + path + "' for writing");
-  out << to_json() << '\n';
-  if (!out) throw Error("kdist::Timeline::write: failed writing '" + path + "'");
+  write_file_atomically(path, to_json() + '\n', "kdist::Timeline::write");
 }
 
 std::string Timeline::merge(const std::vector<std::string>& documents) {

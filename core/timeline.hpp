@@ -49,7 +49,8 @@ class Timeline {
 
   /// Chrome trace-event JSON document for this rank.
   std::string to_json() const;
-  /// Writes to_json() to `path`; throws kdist::Error naming the path if it cannot.
+  /// Replaces `path` with to_json() atomically (core/atomic_file.hpp); throws kdist::Error naming
+  /// the path if it cannot, leaving an existing file as it was.
   void write(const std::string& path) const;
   /// Joins per-rank documents (e.g. gathered on rank 0) into one trace.
   static std::string merge(const std::vector<std::string>& documents);

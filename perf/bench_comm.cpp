@@ -4,7 +4,7 @@
 //   overlap:   K all-reduces in flight while a gemm loop computes and polls the engine
 //   fusion:    exposed factor communication on ResNet-50's Kronecker factors per fusion plan
 #include <CLI/CLI.hpp>
-#include <kdist/comm/cost_model.hpp>
+#include <kdist/comm/calibrate.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
 #include <kdist/core/impl/blas_host.hpp>
 #include <kdist/core/products.hpp>
@@ -148,7 +148,7 @@ void part_fusion(int reps, int rows, kdist_bench::Table& table) {
   CalibrationOptions co;
   co.repeats = 3;
   co.max_bytes = 64u << 20;
-  const CostModel cost = calibrate_collective(eng, OpKind::allreduce, DType::float32, co);
+  const kdist::CostModel cost = calibrate_collective(eng, kdist::CostOp::allreduce, DType::float32, co);
   const double bound = finish_time_lower_bound(t, cost) - t.back().ready;
   double none_measured = 0;
   for (Planner pl : {Planner::none, Planner::threshold, Planner::mgwfbp, Planner::optimal}) {

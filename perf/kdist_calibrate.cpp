@@ -1,9 +1,55 @@
 // Writes the cost-model calibration file the planners and placement read:
 //   mpiexec -n P kdist_calibrate --out costs.json [--max-bytes N] [--reps R] [--inverse-max-d D]
+// Rank 0 reads an existing file (merged into) and writes the result. Whether it can is checked
+// before measuring, and any failure of rank 0's is shared through the engine, so every rank
+// exits non-zero with the same message instead of measuring in vain or waiting forever.
 #include <CLI/CLI.hpp>
-#include <kdist/comm/cost_model.hpp>
+#include <kdist/comm/calibrate.hpp>
+#include <kdist/core/atomic_file.hpp>
+#include <kdist/core/inverse_calibration.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+/// Rank 0's error message ("" if none), the same on every rank: its length by a 1-element max
+/// all-reduce, then its characters (one per int) by a broadcast, both through the engine.
+std::string error_from_root(kdist::comm::Engine& engine, const std::string& root_message) {
+  Kokkos::View<int*, Kokkos::HostSpace> length("kdist_calibrate::error_length", 1);
+  length(0) = engine.rank() == 0 ? static_cast<int>(root_message.size()) : 0;
+  engine.allreduce(Host(), length, kdist::comm::ReduceOp::max, "kdist_calibrate::error_length").wait();
+  if (length(0) == 0) return "";
+  Kokkos::View<int*, Kokkos::HostSpace> text("kdist_calibrate::error_text", length(0));
+  if (engine.rank() == 0) std::copy(root_message.begin(), root_message.end(), text.data());
+  engine.broadcast(Host(), text, 0, "kdist_calibrate::error_text").wait();
+  return std::string(text.data(), text.data() + length(0));
+}
+
+/// Runs `step` on rank 0; if it throws, every rank throws its message, tagged with the rank.
+template <class Step>
+void on_root_or_fail_everywhere(kdist::comm::Engine& engine, Step&& step) {
+  std::string message;
+  if (engine.rank() == 0) try {
+      step();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+  message = error_from_root(engine, message);
+  if (!message.empty()) throw kdist::Error("[rank " + std::to_string(engine.rank()) + "] " + message);
+}
+
+void print_collective(const kdist::comm::Communicator& world, kdist::CostOp op, kdist::DType dt,
+                      const kdist::CostModel& m) {
+  if (world.rank() == 0)
+    std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::to_string(op),
+                kdist::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -25,30 +71,31 @@ int main(int argc, char** argv) {
       app.parse(argc, argv);
       kdist::comm::Communicator world(MPI_COMM_WORLD);
       kdist::comm::Engine engine(world);
-      kdist::comm::CostModelStore store;
-      if (std::FILE* f = std::fopen(out.c_str(), "r")) {
-        std::fclose(f);
-        store = kdist::comm::CostModelStore::load(out);
-      }
-      for (auto op : {kdist::comm::OpKind::allreduce, kdist::comm::OpKind::broadcast})
-        for (auto dt : {kdist::comm::DType::float32, kdist::comm::DType::float64}) {
+      kdist::CostModelStore store;
+      on_root_or_fail_everywhere(engine, [&] {
+        kdist::check_file_writable(out, "checking --out before measuring");
+        if (std::FILE* f = std::fopen(out.c_str(), "r")) {
+          std::fclose(f);
+          store = kdist::CostModelStore::load(out);
+        }
+      });
+      for (auto op : {kdist::CostOp::allreduce, kdist::CostOp::broadcast})
+        for (auto dt : {kdist::DType::float32, kdist::DType::float64}) {
           const auto m = kdist::comm::calibrate_collective(engine, op, dt, opt);
-          store.set({kdist::comm::to_string(op), kdist::to_string(dt), world.size(), world.kind()}, m);
-          if (world.rank() == 0)
-            std::printf("%-10s %-8s ranks %d: alpha %.3g s, beta %.3g s/B (%.3g GB/s)\n", kdist::comm::to_string(op),
-                        kdist::to_string(dt), world.size(), m.fit().alpha, m.fit().beta, 1e-9 / m.fit().beta);
+          store.set({op, dt, world.size(), world.kind()}, m);
+          print_collective(world, op, dt, m);
         }
       if (inverse_max_d > 0) {
-        const auto m = kdist::comm::calibrate_inverse(inverse_max_d, budget);
-        store.set({"spd_inverse", "float64", 1, "local"}, m);
+        const auto m = kdist::calibrate_inverse(inverse_max_d, budget);
+        store.set({kdist::CostOp::spd_inverse, kdist::DType::float64, 1, "local"}, m);
         if (world.rank() == 0)
           std::printf("spd_inverse float64: t = %.3g + %.3g d^3 s (%.1f GFLOP/s), up to d = %.0f\n", m.fit().alpha,
                       m.fit().beta, 1e-9 / m.fit().beta, std::cbrt(m.x().back()));
       }
-      if (world.rank() == 0) {
+      on_root_or_fail_everywhere(engine, [&] {
         store.save(out);
         std::printf("wrote %s (%zu models)\n", out.c_str(), store.size());
-      }
+      });
     } catch (const CLI::ParseError& e) {
       rc = app.exit(e);
     } catch (const std::exception& e) {

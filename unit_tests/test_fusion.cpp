@@ -1,12 +1,13 @@
-// comm/: fusion planners against exhaustive search, fused == unfused all-reduce, cost models.
+// comm/: fusion planners against exhaustive search, fused == unfused all-reduce.
 #include <catch2/catch.hpp>
-#include <kdist/comm/cost_model.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
+#include <kdist/core/cost_model.hpp>
 
 #include <cstdio>
 #include <random>
 
 using namespace kdist::comm;
+using kdist::CostModel;
 using Host = Kokkos::DefaultHostExecutionSpace;
 
 namespace {
@@ -79,44 +80,6 @@ TEST_CASE("planner basics", "[comm][fusion]") {
   CHECK(plan_threshold(t, 300).group_end == std::vector<int>{2, 3, 4, 5});
   CHECK(plan_threshold(t, 300).group_of(2) == 1);
   CHECK(plan_threshold(t, 10000).groups() == 1);
-}
-
-TEST_CASE("fit_alpha_beta recovers alpha and beta within 5 %", "[comm][cost]") {
-  std::mt19937_64 rng(11);
-  std::normal_distribution<double> noise(0.0, 0.02);
-  const double alpha = 25e-6, beta = 1.0 / 3e9;
-  std::vector<double> x, t;
-  for (double b = 4; b <= 64.0 * (1 << 20); b *= 2) {
-    x.push_back(b);
-    t.push_back((alpha + beta * b) * (1.0 + noise(rng)));
-  }
-  const AlphaBeta ab = fit_alpha_beta(x, t);
-  CHECK(std::abs(ab.alpha / alpha - 1) < 0.05);
-  CHECK(std::abs(ab.beta / beta - 1) < 0.05);
-  REQUIRE_THROWS_AS(fit_alpha_beta({1.0}, {1.0}), kdist::InvalidArgument);
-}
-
-TEST_CASE("CostModel table is monotone, interpolates, and round-trips through JSON", "[comm][cost]") {
-  const CostModel m = CostModel::from_measurements({1000, 10, 100}, {3e-6, 2e-6, 1e-6});  // dip at 100
-  CHECK(m.x() == std::vector<double>{10, 100, 1000});
-  CHECK(m.t() == std::vector<double>{2e-6, 2e-6, 3e-6});
-  CHECK(m.time(100) == 2e-6);
-  CHECK(m.time(500) > 2e-6);
-  CHECK(m.time(500) < 3e-6);
-  CHECK(m.time(1e9) >= 3e-6);
-  for (double b = 1; b < 1e6; b *= 1.7) CHECK(m.time(b) <= m.time(b * 1.7));
-  CostModelStore store;
-  store.set({"allreduce", "float32", 2, "world"}, m);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // one file per rank: ranks run this test concurrently
-  const std::string path = "kdist_cost_model_test." + std::to_string(rank) + ".json";
-  store.save(path);
-  const CostModelStore back = CostModelStore::load(path);
-  CHECK(back.has({"allreduce", "float32", 2, "world"}));
-  CHECK(back.get({"allreduce", "float32", 2, "world"}).time(500) == Approx(m.time(500)));
-  CHECK(back.get({"spd_inverse", "float64", 1, "local"}).time(1e9) == Approx(0.1));  // stated default
-  REQUIRE_THROWS_WITH(CostModelStore::load("/no/such/file.json"), Catch::Contains("/no/such/file.json"));
-  std::remove(path.c_str());
 }
 
 TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner", "[comm][fusion][mpi]", float,

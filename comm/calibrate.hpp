@@ -1,0 +1,30 @@
+// Calibration of the collective cost models (core/cost_model.hpp): engine all-reduce (sum) or
+// broadcast (root 0) timed over log-spaced sizes from min_bytes to max_bytes (x 4 per step).
+// Each size: `warmup` untimed runs, then `repeats` timed ones; a timed run is a barrier, one
+// operation, and the maximum of the ranks' elapsed times; the model keeps the median over
+// repeats. Collective: every rank of the engine calls it with the same arguments, and every
+// collective it runs goes through `engine`, so it is ordered with the engine's other work.
+#pragma once
+
+#include <kdist/comm/engine.hpp>
+#include <kdist/core/cost_model.hpp>
+
+#include <cstddef>
+
+namespace kdist {
+namespace comm {
+
+struct CalibrationOptions {
+  std::size_t min_bytes = 4;
+  std::size_t max_bytes = 64u << 20;
+  int warmup = 5;
+  int repeats = 5;
+};
+
+/// Measures `op` (CostOp::allreduce or CostOp::broadcast) on float32 or float64 views.
+/// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0 or
+/// min_bytes > max_bytes (the same on every rank, before any communication). Collective.
+CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const CalibrationOptions& options);
+
+}  // namespace comm
+}  // namespace kdist
