@@ -24,6 +24,7 @@
 // contents are unspecified after this error. (Double inputs above ~1e154 in magnitude, whose
 // squared norms overflow, are reported the same way: Adasum's coefficients overflow there too.)
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/core/phase.hpp>
 
 #include <functional>
 
@@ -240,6 +241,7 @@ class Builder {
         .reduce_scatter(comm::Group::of(hier_->node()), Buffer::host(s_.padded.data(), s_.padded.size()),
                         Buffer::host(s_.slice.data(), s_.m))
         .then([st = st_, k] {
+          Phase phase("kdist::adasum::node_average");
           const T f = T(1) / static_cast<T>(k);
           for (auto& x : st->slice) x *= f;
         });
@@ -279,6 +281,7 @@ class Builder {
         .recv(odd, Buffer::host(s_.tmp(), s_.m), kTagFold)
         .recv(odd, Buffer::host(s_.fold_bad.data(), s_.tensors), kTagFoldBad)
         .then([st = st_, raw = raw_, me = me_, odd] {
+          Phase phase("kdist::adasum::fold_in");
           partials(Host(), st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data(), raw ? &st->bad_a : nullptr,
                    raw ? &st->bad_b : nullptr);
           if (raw) st->attribute(me, odd);
@@ -287,8 +290,10 @@ class Builder {
     s_.planned.vector_exchanges += 1;
     node_sum(kTagNode + 63);
     if (k_ > 1) s_.planned.partial_reductions += 1;
-    sched_.step().then(
-        [st = st_] { apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data()); });
+    sched_.step().then([st = st_] {
+      Phase phase("kdist::adasum::apply");
+      apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data());
+    });
   }
 
   // Level l of vector halving, distance doubling: exchange halves with partner v XOR 2^l, form
@@ -309,6 +314,7 @@ class Builder {
         .send(partner, Buffer::host(s_.S + send_lo, send_hi - send_lo), kTagHalve + l)
         .recv(partner, Buffer::host(s_.tmp(), keep_hi - keep_lo), kTagHalve + l)
         .then([st = st_, lower, keep_lo, keep_hi, raw_here, mine_from, theirs_from] {
+          Phase phase("kdist::adasum::partials");
           T* mine = st->S + keep_lo;
           const T* theirs = st->tmp();
           partials(Host(), lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo,
@@ -320,6 +326,7 @@ class Builder {
     node_sum(kTagNode + l);
     sum_partials_over_holders(l);
     sched_.step().then([st = st_, lower, keep_lo, keep_hi] {
+      Phase phase("kdist::adasum::apply");
       T* mine = st->S + keep_lo;
       const T* theirs = st->tmp();
       apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds,

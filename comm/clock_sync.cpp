@@ -1,5 +1,7 @@
 #include <kdist/comm/clock_sync.hpp>
+#include <kdist/comm/communicator.hpp>
 #include <kdist/core/error.hpp>
+#include <kdist/core/phase.hpp>
 
 #include <string>
 #include <vector>
@@ -7,22 +9,18 @@
 namespace kdist {
 namespace comm {
 
-namespace {
-void check_mpi(int rc, const char* what, int rank) {
-  if (rc != MPI_SUCCESS)
-    throw BackendError(std::string("kdist::comm::synchronize_clock: ") + what + " failed with MPI error " +
-                       std::to_string(rc) + " on rank " + std::to_string(rank));
-}
-}  // namespace
+using impl::check_mpi;
 
 ClockOffset synchronize_clock(MPI_Comm user_comm, Clock& clock, int rounds) {
   if (rounds < 1)
-    impl::throw_invalid("kdist::comm::synchronize_clock", "rounds must be >= 1, got " + std::to_string(rounds));
+    kdist::impl::throw_invalid("kdist::comm::synchronize_clock", "rounds must be >= 1, got " + std::to_string(rounds));
+  Phase phase("kdist::comm::synchronize_clock");
   MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 1;
-  MPI_Comm_rank(user_comm, &rank);
+  int rank = -1, size = 1;
+  check_mpi(MPI_Comm_rank(user_comm, &rank), "MPI_Comm_rank", rank);
   check_mpi(MPI_Comm_dup(user_comm, &comm), "MPI_Comm_dup", rank);
-  MPI_Comm_size(comm, &size);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size", rank);
   ClockOffset result;
   try {
     constexpr int tag = 7;

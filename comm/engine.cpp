@@ -25,6 +25,7 @@
 // §5.12), so operations that can never complete (a peer failed) are moved to a process-wide list
 // that is never freed; MPI may still write into their buffers.
 #include <kdist/comm/engine.hpp>
+#include <kdist/core/phase.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -578,6 +579,7 @@ void wait_op(EngineCore& c, Operation& op) {
     ++c.stats.completed_before_wait;
   } else {
     ++c.stats.waited;
+    Phase phase("kdist::comm::wait");
     const double start = impl::now();
     bool warned = false;
     while (!op.finished()) {

@@ -20,6 +20,7 @@
 #include <kdist/comm/engine.hpp>
 #include <kdist/comm/fusion_plan.hpp>
 #include <kdist/core/packed.hpp>
+#include <kdist/core/phase.hpp>
 #include <kdist/core/timer.hpp>
 
 #include <functional>
@@ -107,6 +108,7 @@ class FusedAllreducer {
                                        "' is not square (rank " + std::to_string(engine_.rank()) + ")"));
     arrive(i, m.extent(0), true, m.label());
     sym_[static_cast<std::size_t>(i)] = m;
+    Phase phase("kdist::comm::FusedAllreducer::pack");
     pack_upper(exec, m, slot(i));
     launch_if_complete(exec, i);
   }
@@ -120,6 +122,7 @@ class FusedAllreducer {
   }
   /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full).
   void scatter(const execution_space& exec) {
+    Phase phase("kdist::comm::FusedAllreducer::scatter");
     for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
       if (tensors_[static_cast<std::size_t>(i)].symmetric)
         unpack_upper(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
