@@ -1,4 +1,5 @@
 // core/: packed format, factor products, SPD inverse and eigen method, errors, timer, timeline.
+// Kernels run on TestExec / TestMem (test_space.hpp): on the GPU in a CUDA build.
 #include <catch2/catch.hpp>
 #include <kdist/core/inverse.hpp>
 #include <kdist/core/packed.hpp>
@@ -10,26 +11,33 @@
 #include <nlohmann/json.hpp>
 
 #include "reference.hpp"
+#include "test_space.hpp"
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::bytes_of;
 using kdist_test::Dense;
+using kdist_test::device_matrix;
+using kdist_test::TestExec;
+using kdist_test::TestMatrix;
+using kdist_test::TestMem;
+using kdist_test::TestVector;
+using kdist_test::to_host;
 
 namespace {
 
+/// Row-major reference matrix -> TestMem matrix.
 template <class T>
-Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> to_view(const Dense& a, int n, const char* label) {
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> v(std::string(label), n, n);
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) v(i, j) = static_cast<T>(a[i * n + j]);
-  return v;
+TestMatrix<T> to_view(const Dense& a, int n, const char* label) {
+  return device_matrix<T>(label, n, n, [&](int i, int j) { return a[i * n + j]; });
 }
 
+/// TestMem matrix -> row-major reference matrix, through a host mirror.
 template <class V>
 Dense to_dense(const V& v) {
-  const int n = static_cast<int>(v.extent(0));
+  const auto h = to_host(v);
+  const int n = static_cast<int>(h.extent(0));
   Dense a(static_cast<std::size_t>(n) * n);
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) a[i * n + j] = static_cast<double>(v(i, j));
+    for (int j = 0; j < n; ++j) a[i * n + j] = static_cast<double>(h(i, j));
   return a;
 }
 
@@ -47,32 +55,38 @@ TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> u(-1, 1);
   for (int n = 1; n <= 300; n += (n < 20 ? 1 : 17)) {
-    Kokkos::View<TestType**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("a", n, n), back("back", n, n);
+    Dense sym(static_cast<std::size_t>(n) * n);
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i <= j; ++i) a(i, j) = a(j, i) = static_cast<TestType>(u(rng));
-    Kokkos::View<TestType*, Kokkos::HostSpace> p("p", kdist::packed_size(n));
-    kdist::pack_upper(Host(), a, p);
+      for (int i = 0; i <= j; ++i) sym[i * n + j] = sym[j * n + i] = u(rng);
+    const auto a = to_view<TestType>(sym, n, "a");
+    TestMatrix<TestType> back("back", n, n);
+    TestVector<TestType> p("p", kdist::packed_size(n));
+    kdist::pack_upper(TestExec(), a, p);
     // The order LAPACK's packed routines use: column by column, rows 0..j.
+    const auto ah = to_host(a);
+    const auto ph = to_host(p);
     std::size_t k = 0;
     bool order_ok = true;
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i <= j; ++i, ++k) order_ok = order_ok && p(k) == a(i, j) && k == kdist::packed_index(i, j);
+      for (int i = 0; i <= j; ++i, ++k) order_ok = order_ok && ph(k) == ah(i, j) && k == kdist::packed_index(i, j);
     REQUIRE(order_ok);
-    kdist::unpack_upper(Host(), p, back);
+    kdist::unpack_upper(TestExec(), p, back);
+    const auto bh = to_host(back);
     bool same = true;
     for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) same = same && back(i, j) == a(i, j);
+      for (int j = 0; j < n; ++j) same = same && bh(i, j) == ah(i, j);
     REQUIRE(same);
     REQUIRE(kdist::packed_dim(kdist::packed_size(n)) == static_cast<std::size_t>(n));
   }
 }
 
 TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("factor", 4, 4);
-  Kokkos::View<double*, Kokkos::HostSpace> p("packed", 9);
-  REQUIRE_THROWS_AS(kdist::pack_upper(Host(), a, p), kdist::InvalidArgument);
-  REQUIRE_THROWS_WITH(kdist::unpack_upper(Host(), p, a), Catch::Contains("kdist::unpack_upper") &&
-                                                             Catch::Contains("'packed' (9)") && Catch::Contains("10"));
+  TestMatrix<double> a("factor", 4, 4);
+  TestVector<double> p("packed", 9);
+  REQUIRE_THROWS_AS(kdist::pack_upper(TestExec(), a, p), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::unpack_upper(TestExec(), p, a), Catch::Contains("kdist::unpack_upper") &&
+                                                                 Catch::Contains("'packed' (9)") &&
+                                                                 Catch::Contains("10"));
   REQUIRE_THROWS_AS(kdist::packed_dim(11), kdist::InvalidArgument);
   REQUIRE(kdist::packed_dim(0) == 0);
 }
@@ -80,27 +94,27 @@ TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
 template <class T, class Layout>
 void check_factor_product(int rows, int d, bool bias, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-2, 2);
-  Kokkos::View<T**, Layout, Kokkos::HostSpace> X("X", rows, d);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < d; ++c) X(r, c) = static_cast<T>(u(rng));
+  const auto X = device_matrix<T, Layout>("X", rows, d, [&](int, int) { return u(rng); });
   const int n = d + (bias ? 1 : 0);
   const T scale = rows > 0 ? T(1) / static_cast<T>(rows) : T(1);
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", n, n);
+  TestMatrix<T> A("A", n, n);
   Kokkos::deep_copy(A, T(-7));  // stale contents must be overwritten
-  kdist::factor_product(Host(), X, A, scale, bias);
+  kdist::factor_product(TestExec(), X, A, scale, bias);
+  const auto Xh = to_host(X);
+  const auto Ah = to_host(A);
   // Triple loop over the explicit [X 1] matrix.
   double worst = 0, ref_max = 0;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       double s = 0;
       for (int r = 0; r < rows; ++r) {
-        const double xi = i < d ? static_cast<double>(X(r, i)) : 1.0;
-        const double xj = j < d ? static_cast<double>(X(r, j)) : 1.0;
+        const double xi = i < d ? static_cast<double>(Xh(r, i)) : 1.0;
+        const double xj = j < d ? static_cast<double>(Xh(r, j)) : 1.0;
         s += xi * xj;
       }
       s *= static_cast<double>(scale);
       ref_max = std::max(ref_max, std::abs(s));
-      worst = std::max(worst, std::abs(s - static_cast<double>(A(i, j))));
+      worst = std::max(worst, std::abs(s - static_cast<double>(Ah(i, j))));
     }
   const double tol = (std::is_same<T, double>::value ? 1e-12 : 1e-5) * std::max(ref_max, 1e-300);
   INFO("rows " << rows << " d " << d << " bias " << bias << " layout "
@@ -119,9 +133,9 @@ TEMPLATE_TEST_CASE("factor_product equals a triple loop", "[core][products]", fl
 }
 
 TEST_CASE("factor_product rejects a factor of the wrong size", "[core][products]") {
-  Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> X("acts", 8, 3);
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A[0]", 3, 3);
-  REQUIRE_THROWS_WITH(kdist::factor_product(Host(), X, A, 1.0, true),
+  TestMatrix<double, Kokkos::LayoutRight> X("acts", 8, 3);
+  TestMatrix<double> A("A[0]", 3, 3);
+  REQUIRE_THROWS_WITH(kdist::factor_product(TestExec(), X, A, 1.0, true),
                       Catch::Contains("kdist::factor_product") && Catch::Contains("'A[0]' (3 x 3)") &&
                           Catch::Contains("'acts' (8 x 3)") && Catch::Contains("4 x 4"));
 }
@@ -133,17 +147,18 @@ void check_inverse(int n, kdist::InverseMethod method) {
   // cond(A + gamma I) <= 1e4 (double) or 1e2 (float).
   const double lo = dbl ? 1e-4 : 1e-2, gamma = dbl ? 1e-4 : 1e-3;
   const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, lo), rng));
-  auto A = to_view<T>(a, n, "A");
-  auto A_before = to_view<T>(a, n, "A_before");
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
-  kdist::spd_inverse(Host(), A, gamma, inv, method);
-  const double res = kdist_test::identity_residual(a, static_cast<double>(static_cast<T>(gamma)), to_dense(inv), n);
+  const auto A = to_view<T>(a, n, "A");
+  const auto A_before = bytes_of(A);
+  TestMatrix<T> inv("inv", n, n);
+  kdist::spd_inverse(TestExec(), A, gamma, inv, method);
+  const Dense x = to_dense(inv);
+  const double res = kdist_test::identity_residual(a, static_cast<double>(static_cast<T>(gamma)), x, n);
   INFO("n " << n << (dbl ? " double" : " float") << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
   CHECK(res <= (dbl ? 1e-10 : 1e-4));
-  CHECK(std::memcmp(A.data(), A_before.data(), sizeof(T) * n * n) == 0);
+  CHECK(bytes_of(A) == A_before);
   bool symmetric = true;
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) symmetric = symmetric && inv(i, j) == inv(j, i);
+    for (int j = 0; j < n; ++j) symmetric = symmetric && x[i * n + j] == x[j * n + i];
   CHECK(symmetric);
 }
 
@@ -156,15 +171,17 @@ TEST_CASE("spd_inverse: eigen method agrees with Cholesky", "[core][inverse]") {
   std::mt19937_64 rng(3);
   for (int n : {4, 33, 256}) {
     const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 10.0, 1e-2), rng);
-    auto A = to_view<double>(a, n, "A");
-    Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> c("c", n, n), e("e", n, n);
-    kdist::spd_inverse(Host(), A, 1e-2, c, kdist::InverseMethod::cholesky);
-    kdist::spd_inverse(Host(), A, 1e-2, e, kdist::InverseMethod::eigen);
+    const auto A = to_view<double>(a, n, "A");
+    TestMatrix<double> c("c", n, n), e("e", n, n);
+    kdist::spd_inverse(TestExec(), A, 1e-2, c, kdist::InverseMethod::cholesky);
+    kdist::spd_inverse(TestExec(), A, 1e-2, e, kdist::InverseMethod::eigen);
+    const auto ch = to_host(c);
+    const auto eh = to_host(e);
     double diff = 0, mx = 0;
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) {
-        diff = std::max(diff, std::abs(c(i, j) - e(i, j)));
-        mx = std::max(mx, std::abs(c(i, j)));
+        diff = std::max(diff, std::abs(ch(i, j) - eh(i, j)));
+        mx = std::max(mx, std::abs(ch(i, j)));
       }
     INFO("n " << n);
     CHECK(diff <= 1e-10 * mx);
@@ -176,21 +193,23 @@ TEST_CASE("symmetric_eigen returns the spectrum and orthonormal vectors", "[core
   const int n = 40;
   auto spec = kdist_test::geometric_spectrum(n, 3.0, 0.01);
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
-  auto A = to_view<double>(a, n, "A");
-  Kokkos::View<double*, Kokkos::HostSpace> w("w", n);
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> Q("Q", n, n);
-  kdist::symmetric_eigen(Host(), A, w, Q);
+  const auto A = to_view<double>(a, n, "A");
+  TestVector<double> w("w", n);
+  TestMatrix<double> Q("Q", n, n);
+  kdist::symmetric_eigen(TestExec(), A, w, Q);
+  const auto wh = to_host(w);
+  const auto Qh = to_host(Q);
   std::sort(spec.begin(), spec.end());
   double err = 0;
-  for (int i = 0; i < n; ++i) err = std::max(err, std::abs(w(i) - spec[i]));
+  for (int i = 0; i < n; ++i) err = std::max(err, std::abs(wh(i) - spec[i]));
   CHECK(err < 1e-12);
   // A q_j = w_j q_j
   double res = 0;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < n; ++i) {
       double s = 0;
-      for (int k = 0; k < n; ++k) s += a[i * n + k] * Q(k, j);
-      res = std::max(res, std::abs(s - w(j) * Q(i, j)));
+      for (int k = 0; k < n; ++k) s += a[i * n + k] * Qh(k, j);
+      res = std::max(res, std::abs(s - wh(j) * Qh(i, j)));
     }
   CHECK(res < 1e-12);
 }
@@ -204,11 +223,11 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
   spec[n / 2] = -1.0;  // indefinite even after damping 0.1
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
   for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
-    auto A = to_view<T>(a, n, "G[2]");
-    auto before = to_view<T>(a, n, "before");
-    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
+    const auto A = to_view<T>(a, n, "G[2]");
+    const auto before = bytes_of(A);
+    TestMatrix<T> inv("inv", n, n);
     try {
-      kdist::spd_inverse(Host(), A, 0.1, inv, method);
+      kdist::spd_inverse(TestExec(), A, 0.1, inv, method);
       FAIL("an indefinite matrix was inverted");
     } catch (const kdist::NumericalError& e) {
       CHECK(e.dim() == n);
@@ -217,34 +236,33 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
                                Catch::Contains("dimension 24") && Catch::Contains("damping 0.1"));
       if (method == kdist::InverseMethod::cholesky) CHECK(e.info() > 0);
     }
-    CHECK(std::memcmp(A.data(), before.data(), sizeof(T) * n * n) == 0);
+    CHECK(bytes_of(A) == before);
 
-    // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must catch it before LAPACK.
-    auto B = to_view<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng), n, "A[7]");
-    B(3, 5) = std::numeric_limits<T>::quiet_NaN();
-    B(20, 1) = std::numeric_limits<T>::infinity();
-    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> B_before("B_before", n, n);
-    Kokkos::deep_copy(B_before, B);
+    // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must find it whatever LAPACK says.
+    Dense b = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng);
+    b[3 * n + 5] = std::numeric_limits<double>::quiet_NaN();
+    b[20 * n + 1] = std::numeric_limits<double>::infinity();
+    const auto B = to_view<T>(b, n, "A[7]");
+    const auto B_before = bytes_of(B);
     try {
-      kdist::spd_inverse(Host(), B, 1e-3, inv, method);
+      kdist::spd_inverse(TestExec(), B, 1e-3, inv, method);
       FAIL("a non-finite matrix was inverted");
     } catch (const kdist::NumericalError& e) {
       CHECK(e.info() == 0);
       CHECK_THAT(e.what(), Catch::Contains("non-finite input") && Catch::Contains("2 NaN/Inf") &&
                                Catch::Contains("'A[7]'") && Catch::Contains("dimension 24"));
     }
-    CHECK(std::memcmp(B.data(), B_before.data(), sizeof(T) * n * n) == 0);
+    CHECK(bytes_of(B) == B_before);
   }
 }
 
 TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][errors]") {
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", 3, 3), B("B", 4, 4), R("R", 3, 4);
-  REQUIRE_THROWS_AS(kdist::spd_inverse(Host(), A, 0.0, A), kdist::InvalidArgument);
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, 0.0, B),
+  TestMatrix<double> A("A", 3, 3), B("B", 4, 4), R("R", 3, 4);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), A, 0.0, A), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, 0.0, B),
                       Catch::Contains("'B' (4 x 4)") && Catch::Contains("'A' (3 x 3)"));
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), R, 0.0, B), Catch::Contains("must be square"));
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, std::nan(""),
-                                         Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace>("C", 3, 3)),
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), R, 0.0, B), Catch::Contains("must be square"));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, std::nan(""), TestMatrix<double>("C", 3, 3)),
                       Catch::Contains("non-finite damping"));
 }
 
