@@ -9,17 +9,19 @@
 
 namespace kdist {
 
-/// Number of elements of the packed upper triangle of an n x n matrix.
+/// Number of elements of the packed upper triangle of an n x n matrix. The halving comes first,
+/// so the result is exact whenever it fits in size_t (n up to about 6e9 with 64 bits).
 KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_size(std::size_t n) {
-  return n * (n + 1) / 2;
+  return n % 2 == 0 ? n / 2 * (n + 1) : (n + 1) / 2 * n;
 }
 
 /// Position of A(i,j), i <= j, in packed 'U' order.
 KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_index(std::size_t i, std::size_t j) {
-  return i + j * (j + 1) / 2;
+  return i + packed_size(j);
 }
 
-/// Inverse of packed_size: the n with packed_size(n) == size; throws if there is none.
+/// Inverse of packed_size: the n with packed_size(n) == size, for every size_t value (exact
+/// integer arithmetic, no overflow); throws InvalidArgument if there is none.
 std::size_t packed_dim(std::size_t size);
 
 namespace impl {

@@ -266,6 +266,32 @@ TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][erro
                       Catch::Contains("non-finite damping"));
 }
 
+// ---- packed_dim for every size_t (issue 8, case 11) ------------------------------------------------
+
+TEST_CASE("packed_dim is exact and instant for every size_t", "[core][packed]") {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  REQUIRE_THROWS_AS(kdist::packed_dim(max), kdist::InvalidArgument);
+  REQUIRE_THROWS_AS(kdist::packed_dim(max - 1), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::packed_dim(max),
+                      Catch::Contains("kdist::packed_dim") && Catch::Contains(std::to_string(max)));
+  const std::size_t dims[] = {0, 1, 2, 3, 4, 5, 100, 1001, 65535, 65536, 4294967295u};
+  for (const std::size_t n : dims) {
+    const std::size_t t = kdist::packed_size(n);
+    CHECK(kdist::packed_dim(t) == n);
+    if (n > 0) CHECK_THROWS_AS(kdist::packed_dim(t + 1), kdist::InvalidArgument);
+    if (n > 1) CHECK_THROWS_AS(kdist::packed_dim(t - 1), kdist::InvalidArgument);
+  }
+  if (sizeof(std::size_t) == 8) {
+    // The largest n whose n(n+1)/2 fits in 64 bits, and that triangular number.
+    const std::size_t n = 6074000999ull, t = 18446744070963499500ull;
+    CHECK(kdist::packed_size(n) == t);
+    CHECK(kdist::packed_dim(t) == n);
+    CHECK_THROWS_AS(kdist::packed_dim(t + 1), kdist::InvalidArgument);
+    CHECK_THROWS_AS(kdist::packed_dim(t - 1), kdist::InvalidArgument);
+    CHECK_THROWS_AS(kdist::packed_dim(max - 2746052114ull), kdist::InvalidArgument);
+  }
+}
+
 TEST_CASE("estimate_clock_offset recovers a known offset within its bound", "[core][timer]") {
   const double true_offset = 5.25;
   // Local send at t, remote reads its clock after delay d1, reply arrives after d2.
