@@ -1,6 +1,9 @@
 // SPD inverse (A + damping I)^-1 and the symmetric eigendecomposition, on the caller's execution
 // space: LAPACK on host spaces, cuSOLVER on CUDA (three-layer dispatch, ARCHITECTURE.md §4).
 //
+// Outputs must not share storage with A or with each other: checked on the byte spans, so an
+// output shifted by one element or one column is rejected (InvalidArgument, A untouched).
+//
 // Failure contract: non-finite input, or a matrix that is not positive definite after damping,
 // throws kdist::NumericalError naming the operation, the dimension, the damping and the LAPACK
 // info; the input view is never written, the output's contents are then unspecified.
@@ -121,8 +124,7 @@ void check_square_pair(const char* func, const AV& A, const OV& out) {
   if (out.extent(0) != A.extent(0) || out.extent(1) != A.extent(1))
     throw_invalid(func, "output " + describe(out) + " must match input " + describe(A));
   require_contiguous(func, out);
-  if (static_cast<const void*>(A.data()) == static_cast<const void*>(out.data()) && A.size() > 0)
-    throw_invalid(func, "output " + describe(out) + " must not alias the input (the input is left untouched)");
+  require_disjoint(func, A, out);
 }
 
 [[noreturn]] inline void throw_nonfinite(const char* func, long long n, double damping, long long bad,
@@ -141,7 +143,8 @@ void require_finite(const ExecSpace& exec, const char* func, const AV& A, double
 }  // namespace impl
 
 /// eigenvalues := ascending eigenvalues of the symmetric matrix A, Q := orthonormal eigenvectors
-/// (columns). Reads only A's upper triangle.
+/// (columns). Reads only A's upper triangle; never writes A. A, Q and eigenvalues must not share
+/// storage.
 template <class ExecSpace, class AV, class WV, class QV>
 void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, const QV& Q) {
   constexpr const char* func = "kdist::symmetric_eigen";
@@ -153,6 +156,9 @@ void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, 
   if (static_cast<int>(eigenvalues.extent(0)) != n)
     impl::throw_invalid(func, "eigenvalues " + impl::describe(eigenvalues) + " must have " + std::to_string(n) +
                                   " entries for " + impl::describe(A));
+  impl::require_contiguous(func, eigenvalues);
+  impl::require_disjoint(func, A, eigenvalues);
+  impl::require_disjoint(func, Q, eigenvalues);
   impl::require_finite(exec, func, A, 0.0);
   if (n == 0) return;
   Kokkos::deep_copy(exec, Q, A);
@@ -162,7 +168,7 @@ void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, 
 }
 
 /// inv := (A + damping I)^-1 for symmetric positive definite A, in full symmetric storage.
-/// Reads only A's upper triangle; never writes A.
+/// Reads only A's upper triangle; never writes A; A and inv must not share storage.
 template <class ExecSpace, class AV, class IV>
 void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& inv,
                  InverseMethod method = InverseMethod::cholesky) {

@@ -1,5 +1,8 @@
 // Packed symmetric storage in LAPACK 'U' order: AP[i + j(j+1)/2] = A(i,j) for i <= j, n(n+1)/2
 // elements. K-FAC factors cross the network in this form (half the bytes of the full matrix).
+// pack_upper / unpack_upper take the square matrix and the packed vector on the caller's
+// execution space; the two must not share storage (InvalidArgument naming both, nothing
+// written), and the packed length must be n(n+1)/2.
 #pragma once
 
 #include <kdist/core/views.hpp>
@@ -35,6 +38,7 @@ void check_packed_pair(const char* func, const Full& full, const Packed& packed)
   if (packed.extent(0) != packed_size(full.extent(0)))
     throw_invalid(func, "packed view " + describe(packed) + " must hold n(n+1)/2 = " +
                             std::to_string(packed_size(full.extent(0))) + " elements for matrix " + describe(full));
+  require_disjoint(func, full, packed);
 }
 }  // namespace impl
 

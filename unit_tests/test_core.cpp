@@ -49,6 +49,11 @@ Dense rounded(const Dense& a) {
   return r;
 }
 
+template <class T>
+using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutLeft, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+using Unmanaged1 = Kokkos::View<T*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[core][packed]", float, double) {
@@ -264,6 +269,124 @@ TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][erro
   REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), R, 0.0, B), Catch::Contains("must be square"));
   REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, std::nan(""), TestMatrix<double>("C", 3, 3)),
                       Catch::Contains("non-finite damping"));
+}
+
+// ---- outputs overlapping inputs (issue 8, cases 5 and 6): rejected before anything is written --
+
+namespace {
+
+/// One allocation of `elements` holding a random SPD n x n matrix at offset 0 (column-major).
+template <class T>
+TestVector<T> spd_storage(int n, std::size_t elements, std::mt19937_64& rng) {
+  const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.1), rng);
+  TestVector<T> storage("storage", elements);
+  kdist_test::fill(storage, [&](std::size_t k) { return k < std::size_t(n) * n ? a[(k % n) * n + k / n] : 0.5; });
+  return storage;
+}
+
+}  // namespace
+
+TEST_CASE("spd_inverse rejects an output shifted into the input's storage, input untouched",
+          "[core][inverse][errors][overlap]") {
+  std::mt19937_64 rng(11);
+  const int n = 6;
+  // shift 1: one element in; shift n: one column in; shift n*n - 1: only the last element shared.
+  for (const std::size_t shift : {std::size_t(1), std::size_t(n), std::size_t(n) * n - 1})
+    for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+      const auto storage = spd_storage<double>(n, std::size_t(n) * n + shift, rng);
+      const Unmanaged2<double> A(storage.data(), n, n), inv(storage.data() + shift, n, n);
+      const auto before = bytes_of(storage);
+      INFO("shift " << shift << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
+      REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), A, 0.1, inv, method), kdist::InvalidArgument);
+      CHECK(bytes_of(storage) == before);
+    }
+  // Output one column in, as a labelled subview: the message names both views.
+  TestMatrix<double> wide("wide", n, n + 1);
+  const auto A = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(0, n));
+  const auto inv = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(1, n + 1));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, 0.1, inv), Catch::Contains("kdist::spd_inverse(cholesky)") &&
+                                                                       Catch::Contains("'wide' (6 x 6)") &&
+                                                                       Catch::Contains("share storage"));
+  // Adjacent but disjoint storage is fine.
+  const auto storage = spd_storage<double>(n, 2 * std::size_t(n) * n, rng);
+  const Unmanaged2<double> A2(storage.data(), n, n), inv2(storage.data() + n * n, n, n);
+  REQUIRE_NOTHROW(kdist::spd_inverse(TestExec(), A2, 0.1, inv2));
+}
+
+TEST_CASE("symmetric_eigen rejects overlapping A, Q and eigenvalues, input untouched",
+          "[core][inverse][errors][overlap]") {
+  std::mt19937_64 rng(12);
+  const int n = 5;
+  const std::size_t nn = std::size_t(n) * n;
+  {  // Q one column into A
+    const auto storage = spd_storage<double>(n, nn + n, rng);
+    const auto before = bytes_of(storage);
+    TestVector<double> w("w", n);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), Unmanaged2<double>(storage.data(), n, n), w,
+                                             Unmanaged2<double>(storage.data() + n, n, n)),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+  {  // eigenvalues inside A, then inside Q
+    const auto storage = spd_storage<double>(n, 2 * nn, rng);
+    const Unmanaged2<double> A(storage.data(), n, n), Q(storage.data() + nn, n, n);
+    const auto before = bytes_of(storage);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), A, Unmanaged1<double>(storage.data() + 2, n), Q),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), A, Unmanaged1<double>(storage.data() + nn + 3, n), Q),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+}
+
+TEST_CASE("pack_upper/unpack_upper reject a packed vector inside the matrix's storage",
+          "[core][packed][errors][overlap]") {
+  const int n = 8;
+  const std::size_t np = kdist::packed_size(n);
+  for (const std::size_t offset : {std::size_t(0), std::size_t(3), std::size_t(n) * n - np}) {
+    TestVector<float> storage("storage", std::size_t(n) * n);
+    kdist_test::fill(storage, [](std::size_t k) { return 1.0 + static_cast<double>(k); });
+    const Unmanaged2<float> full(storage.data(), n, n);
+    const Unmanaged1<float> packed(storage.data() + offset, np);
+    const auto before = bytes_of(storage);
+    INFO("offset " << offset);
+    REQUIRE_THROWS_AS(kdist::unpack_upper(TestExec(), packed, full), kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+    REQUIRE_THROWS_AS(kdist::pack_upper(TestExec(), full, packed), kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+}
+
+TEST_CASE("factor_product rejects a factor overlapping X", "[core][products][errors][overlap]") {
+  const int rows = 4, d = 3;
+  TestVector<double> storage("storage", std::size_t(rows) * d + 2);
+  kdist_test::fill(storage, [](std::size_t k) { return 0.25 * static_cast<double>(k); });
+  const Unmanaged2<double> X(storage.data(), rows, d), A(storage.data() + 2, d, d);
+  const auto before = bytes_of(storage);
+  REQUIRE_THROWS_WITH(kdist::factor_product(TestExec(), X, A, 1.0), Catch::Contains("kdist::factor_product") &&
+                                                                        Catch::Contains("(4 x 3)") &&
+                                                                        Catch::Contains("(3 x 3)"));
+  CHECK(bytes_of(storage) == before);
+}
+
+TEST_CASE("spans_overlap compares byte spans, not start pointers", "[core][overlap]") {
+  TestMatrix<double> m("m", 10, 10);
+  const auto col0 = Kokkos::subview(m, Kokkos::ALL, 0);
+  const auto col1 = Kokkos::subview(m, Kokkos::ALL, 1);
+  const auto row0 = Kokkos::subview(m, 0, Kokkos::ALL);  // strided: spans the whole matrix
+  CHECK_FALSE(kdist::impl::spans_overlap(col0, col1));
+  CHECK(kdist::impl::spans_overlap(col1, row0));
+  CHECK(kdist::impl::spans_overlap(m, col1));
+  CHECK_FALSE(kdist::impl::spans_overlap(m, TestMatrix<double>("other", 10, 10)));
+  CHECK_FALSE(kdist::impl::spans_overlap(m, Kokkos::subview(m, std::make_pair(0, 0), Kokkos::ALL)));  // empty
+  // Different value types over one allocation: bytes, not elements.
+  const Kokkos::View<float*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> tail(
+      reinterpret_cast<float*>(m.data() + 99) + 1, 1);  // the upper half of the last double
+  CHECK(kdist::impl::spans_overlap(m, tail));
+  const Kokkos::View<float*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> past(
+      reinterpret_cast<float*>(m.data() + 100), 1);
+  CHECK_FALSE(kdist::impl::spans_overlap(m, past));
 }
 
 // ---- packed_dim for every size_t (issue 8, case 11) ------------------------------------------------
