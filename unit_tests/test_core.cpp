@@ -415,6 +415,66 @@ TEST_CASE("packed_dim is exact and instant for every size_t", "[core][packed]") 
   }
 }
 
+// ---- InverseWorkspace (issue 7, rework 4) -----------------------------------------------------------
+
+TEMPLATE_TEST_CASE("InverseWorkspace: reused across sizes, same results, no reallocation when smaller",
+                   "[core][inverse][workspace]", float, double) {
+  using T = TestType;
+  std::mt19937_64 rng(21);
+  kdist::InverseWorkspace<T, TestMem> ws("kdist::test::ws");
+  CHECK(ws.allocations() == 0);
+  CHECK(ws.bytes() == 0);
+  const auto check = [&](int n, kdist::InverseMethod method) {
+    const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.05), rng));
+    const auto A = to_view<T>(a, n, "A");
+    TestMatrix<T> with("with_workspace", n, n), plain("plain", n, n);
+    kdist::spd_inverse(TestExec(), A, 1e-3, with, ws, method);
+    kdist::spd_inverse(TestExec(), A, 1e-3, plain, method);
+    INFO("n " << n << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
+    CHECK(bytes_of(with) == bytes_of(plain));
+  };
+  for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+    check(48, method);
+    const std::size_t allocations = ws.allocations(), bytes = ws.bytes();
+    CHECK(allocations > 0);
+    for (int n : {1, 7, 48, 20, 33}) check(n, method);
+    CHECK(ws.allocations() == allocations);
+    CHECK(ws.bytes() == bytes);
+  }
+  // A larger size grows it once; then the smaller ones again allocate nothing.
+  check(64, kdist::InverseMethod::eigen);
+  const std::size_t grown = ws.allocations();
+  CHECK(grown > 0);
+  for (int n : {64, 10, 48}) check(n, kdist::InverseMethod::eigen);
+  for (int n : {64, 10}) check(n, kdist::InverseMethod::cholesky);
+  CHECK(ws.allocations() == grown);
+
+  // The eigendecomposition through the same workspace.
+  const int n = 30;
+  auto spec = kdist_test::geometric_spectrum(n, 2.0, 0.1);
+  const auto A = to_view<T>(kdist_test::matrix_with_spectrum(spec, rng), n, "A");
+  TestVector<T> w1("w1", n), w2("w2", n);
+  TestMatrix<T> Q1("Q1", n, n), Q2("Q2", n, n);
+  kdist::symmetric_eigen(TestExec(), A, w1, Q1, ws);
+  kdist::symmetric_eigen(TestExec(), A, w2, Q2);
+  CHECK(bytes_of(w1) == bytes_of(w2));
+  CHECK(bytes_of(Q1) == bytes_of(Q2));
+  CHECK(ws.allocations() == grown);
+
+  // Errors through a workspace leave it usable.
+  Dense bad(static_cast<std::size_t>(n) * n, 0.0);
+  bad[0] = std::numeric_limits<double>::quiet_NaN();
+  TestMatrix<T> out("out", n, n);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), to_view<T>(bad, n, "bad"), 0.1, out, ws), kdist::NumericalError);
+  CHECK(ws.allocations() == grown);
+  check(n, kdist::InverseMethod::cholesky);
+
+  ws.release();
+  CHECK(ws.bytes() == 0);
+  check(5, kdist::InverseMethod::cholesky);
+  CHECK(ws.allocations() > grown);
+}
+
 TEST_CASE("estimate_clock_offset recovers a known offset within its bound", "[core][timer]") {
   const double true_offset = 5.25;
   // Local send at t, remote reads its clock after delay d1, reply arrives after d2.
