@@ -111,7 +111,10 @@ void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, 
     std::size_t lo = 0, hi = 0;
     if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
     const impl::PartialSums<T> f(a + lo, b + lo, hi - lo);
-    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.chunks()), f, out);
+    // An array-valued reduction lands in a View of its length: Kokkos 4.0 removed the raw
+    // pointer result (3.4 accepts both). Host memory, so the call returns with the sums.
+    const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> result(out, kPartials);
+    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.chunks()), f, result);
     if (nonfinite_a) (*nonfinite_a)[t] = !std::isfinite(out[1]);
     if (nonfinite_b) (*nonfinite_b)[t] = !std::isfinite(out[2]);
   }

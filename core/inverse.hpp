@@ -1,6 +1,16 @@
 // SPD inverse (A + damping I)^-1 and the symmetric eigendecomposition, on the caller's execution
 // space: LAPACK on host spaces, cuSOLVER on CUDA (three-layer dispatch, ARCHITECTURE.md §4).
 //
+//   spd_inverse(exec, A, damping, inv [, workspace] [, method])   cholesky (default) or eigen
+//   symmetric_eigen(exec, A, eigenvalues, Q [, workspace])
+// Both read only A's upper triangle and never write A. Outputs are LayoutLeft and contiguous
+// and must not share storage with A or with each other (checked on the byte spans: an output
+// shifted by one element or one column is rejected with InvalidArgument, A untouched).
+// Scratch comes from an InverseWorkspace (core/inverse_workspace.hpp): pass one to reuse it
+// across calls, so that a call of a size seen before allocates nothing; without one a temporary
+// is made. Each call synchronises `exec` once, to read back the NaN/Inf count, the backends'
+// info and (eigen method) the extreme eigenvalues; the final mirror kernel stays enqueued.
+//
 // Failure contract: non-finite input, or a matrix that is not positive definite after damping,
 // throws kdist::NumericalError naming the operation, the dimension, the damping and the LAPACK
 // info; the input view is never written, the output's contents are then unspecified.
@@ -9,6 +19,7 @@
 #include <kdist/config.hpp>
 #include <kdist/core/error.hpp>
 #include <kdist/core/impl/lapack_host.hpp>
+#include <kdist/core/inverse_workspace.hpp>
 #include <kdist/core/packed.hpp>
 #include <kdist/core/phase.hpp>
 #include <kdist/core/products.hpp>
@@ -18,7 +29,6 @@
 #include <limits>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #if KDIST_ENABLE_CUSOLVER && defined(KOKKOS_ENABLE_CUDA)
 #include <kdist/core/impl/cusolver_backend.hpp>
@@ -33,12 +43,10 @@ enum class InverseMethod {
 
 namespace impl {
 
-/// Result of a backend call: which LAPACK stage failed (nullptr if none) and its info.
-struct LapackStatus {
-  const char* stage = nullptr;
-  int info = 0;
-};
-
+/// Backend dispatch. Each backend enqueues its work on the instance and writes LAPACK's info
+/// values into `info` (two ints in the workspace's memory space: stage 1, stage 2); the caller
+/// reads them back once, with everything else it needs (InverseWorkspace::impl_read_status).
+/// *_bytes() is the work space a call needs, taken from the workspace.
 template <class ExecSpace, class T, class Enable = void>
 struct DenseSolver {
   static_assert(sizeof(T) == 0, "kdist: no LAPACK backend for this execution space");
@@ -48,64 +56,58 @@ struct DenseSolver {
 template <class ExecSpace, class T>
 struct DenseSolver<ExecSpace, T,
                    std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  /// In place on the upper triangle of a column-major n x n matrix.
-  static LapackStatus cholesky_inverse(const ExecSpace& exec, T* a, int n, int lda) {
+  static constexpr const char* factor_stage = "potrf";
+  static constexpr const char* invert_stage = "potri";
+  static constexpr const char* eigen_stage = "syevd";
+
+  static std::size_t cholesky_inverse_bytes(const ExecSpace&, int, int) { return 0; }
+  /// In place on the upper triangle of a column-major n x n matrix: info = {potrf, potri}.
+  static void cholesky_inverse(const ExecSpace& exec, T* a, int n, int lda, void*, std::size_t, int* info) {
     compat::fence(exec, "kdist::spd_inverse: before LAPACK");
-    int info = host::potrf<T>('U', n, a, lda);
-    if (info != 0) return {"potrf", info};
-    info = host::potri<T>('U', n, a, lda);
-    if (info != 0) return {"potri", info};
-    return {};
+    info[0] = host::potrf<T>('U', n, a, lda);
+    info[1] = info[0] == 0 ? host::potri<T>('U', n, a, lda) : 0;
   }
-  /// In place: a := eigenvectors, w := eigenvalues (ascending).
-  static LapackStatus syevd(const ExecSpace& exec, T* a, int n, int lda, T* w) {
+  /// LAPACK's work array followed by its integer work array.
+  static std::size_t syevd_bytes(const ExecSpace&, int n, int) {
+    const host::SyevdWorkspace ws = host::syevd_workspace<T>('V', 'U', n);
+    return sizeof(T) * static_cast<std::size_t>(ws.lwork) +
+           sizeof(int) * static_cast<std::size_t>(ws.liwork > 0 ? ws.liwork : 1);
+  }
+  /// In place: a := eigenvectors, w := eigenvalues (ascending); info = {syevd, 0}.
+  static void syevd(const ExecSpace& exec, T* a, int n, int lda, T* w, void* scratch, std::size_t, int* info) {
     compat::fence(exec, "kdist::symmetric_eigen: before LAPACK");
     const host::SyevdWorkspace ws = host::syevd_workspace<T>('V', 'U', n);
-    std::vector<T> work(static_cast<std::size_t>(ws.lwork));
-    std::vector<int> iwork(static_cast<std::size_t>(ws.liwork > 0 ? ws.liwork : 1));
-    const int info = host::syevd<T>('V', 'U', n, a, lda, w, work.data(), ws.lwork, iwork.data(), ws.liwork);
-    return info != 0 ? LapackStatus{"syevd", info} : LapackStatus{};
+    T* work = static_cast<T*>(scratch);
+    int* iwork = reinterpret_cast<int*>(static_cast<char*>(scratch) + sizeof(T) * static_cast<std::size_t>(ws.lwork));
+    info[0] = host::syevd<T>('V', 'U', n, a, lda, w, work, ws.lwork, iwork, ws.liwork);
+    info[1] = 0;
   }
 };
 
 #if KDIST_ENABLE_CUSOLVER && defined(KOKKOS_ENABLE_CUDA)
-/// CUDA: cuSOLVER on the instance's stream, workspace owned by a labelled Kokkos view.
+/// CUDA: cuSOLVER on the instance's stream, asynchronous; devInfo stays on the device until the
+/// caller's one read-back.
 template <class T>
 struct DenseSolver<Kokkos::Cuda, T, void> {
-  static LapackStatus cholesky_inverse(const Kokkos::Cuda& exec, T* a, int n, int lda) {
-    const std::size_t bytes = cusolver::cholesky_inverse_workspace<T>(n, lda, exec.cuda_stream());
-    Kokkos::View<char*, Kokkos::CudaSpace> ws(
-        Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "kdist::spd_inverse::cusolver_workspace"), bytes);
-    Kokkos::View<int, Kokkos::CudaSpace> info(Kokkos::view_alloc(exec, "kdist::spd_inverse::dev_info"));
-    const int i = cusolver::cholesky_inverse<T>(a, n, lda, ws.data(), bytes, info.data(), exec.cuda_stream());
-    return i != 0 ? LapackStatus{"cusolverDn potrf/potri", i} : LapackStatus{};
+  static constexpr const char* factor_stage = "cusolverDn potrf";
+  static constexpr const char* invert_stage = "cusolverDn potri";
+  static constexpr const char* eigen_stage = "cusolverDn syevd";
+
+  static std::size_t cholesky_inverse_bytes(const Kokkos::Cuda& exec, int n, int lda) {
+    return cusolver::cholesky_inverse_workspace<T>(n, lda, exec.cuda_stream());
   }
-  static LapackStatus syevd(const Kokkos::Cuda& exec, T* a, int n, int lda, T* w) {
-    const std::size_t bytes = cusolver::syevd_workspace<T>(n, lda, exec.cuda_stream());
-    Kokkos::View<char*, Kokkos::CudaSpace> ws(
-        Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "kdist::symmetric_eigen::cusolver_workspace"), bytes);
-    Kokkos::View<int, Kokkos::CudaSpace> info(Kokkos::view_alloc(exec, "kdist::symmetric_eigen::dev_info"));
-    const int i = cusolver::syevd<T>(a, n, lda, w, ws.data(), bytes, info.data(), exec.cuda_stream());
-    return i != 0 ? LapackStatus{"cusolverDn syevd", i} : LapackStatus{};
+  static void cholesky_inverse(const Kokkos::Cuda& exec, T* a, int n, int lda, void* scratch, std::size_t bytes,
+                               int* info) {
+    cusolver::cholesky_inverse<T>(a, n, lda, scratch, bytes, info, exec.cuda_stream());
+  }
+  static std::size_t syevd_bytes(const Kokkos::Cuda& exec, int n, int lda) {
+    return cusolver::syevd_workspace<T>(n, lda, exec.cuda_stream());
+  }
+  static void syevd(const Kokkos::Cuda& exec, T* a, int n, int lda, T* w, void* scratch, std::size_t bytes, int* info) {
+    cusolver::syevd<T>(a, n, lda, w, scratch, bytes, info, exec.cuda_stream());
   }
 };
 #endif
-
-/// Number of NaN/Inf entries of a rank-2 view.
-template <class ExecSpace, class AV>
-long long count_nonfinite(const ExecSpace& exec, const AV& A) {
-  long long bad = 0;
-  const int rows = static_cast<int>(A.extent(0));
-  const int cols = static_cast<int>(A.extent(1));
-  Kokkos::parallel_reduce(
-      "kdist::count_nonfinite", Kokkos::RangePolicy<ExecSpace>(exec, 0, cols),
-      KOKKOS_LAMBDA(const int j, long long& acc) {
-        for (int i = 0; i < rows; ++i)
-          if (!compat::isfinite(A(i, j))) ++acc;
-      },
-      bad);
-  return bad;
-}
 
 template <class ExecSpace, class AV, class OV>
 void check_square_pair(const char* func, const AV& A, const OV& out) {
@@ -121,8 +123,14 @@ void check_square_pair(const char* func, const AV& A, const OV& out) {
   if (out.extent(0) != A.extent(0) || out.extent(1) != A.extent(1))
     throw_invalid(func, "output " + describe(out) + " must match input " + describe(A));
   require_contiguous(func, out);
-  if (static_cast<const void*>(A.data()) == static_cast<const void*>(out.data()) && A.size() > 0)
-    throw_invalid(func, "output " + describe(out) + " must not alias the input (the input is left untouched)");
+  require_disjoint(func, A, out);
+}
+
+template <class WT, class T, class ExecSpace, class WsMem>
+constexpr void static_check_workspace() {
+  static_assert(std::is_same<WT, T>::value, "kdist: the workspace's value type must be the matrices' value type");
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, WsMem>::accessible,
+                "kdist: the workspace's memory space is not accessible from the execution space");
 }
 
 [[noreturn]] inline void throw_nonfinite(const char* func, long long n, double damping, long long bad,
@@ -131,43 +139,104 @@ void check_square_pair(const char* func, const AV& A, const OV& out) {
                        "non-finite input (" + std::to_string(bad) + " NaN/Inf entries in '" + label + "')");
 }
 
-template <class ExecSpace, class AV>
-void require_finite(const ExecSpace& exec, const char* func, const AV& A, double damping) {
-  if (!std::isfinite(damping))
-    throw NumericalError(func, static_cast<long long>(A.extent(0)), damping, 0, "non-finite damping");
-  if (const long long bad = count_nonfinite(exec, A)) throw_nonfinite(func, A.extent(0), damping, bad, A.label());
+/// One pass over A: M's upper triangle := A's, plus gamma on the diagonal, while count() := the
+/// number of NaN/Inf entries of all of A (OpenBLAS potrf may return info = 0 on a NaN). M's
+/// lower triangle is not written: every backend reads the upper one only. Enqueued.
+template <class ExecSpace, class AV, class MV, class CV>
+void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, const AV& A,
+                                   typename MV::non_const_value_type gamma, const MV& M, const CV& count) {
+  using T = typename MV::non_const_value_type;
+  const int n = static_cast<int>(A.extent(0));
+  Kokkos::parallel_reduce(
+      label, Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
+      KOKKOS_LAMBDA(const int j, long long& acc) {
+        // Branch-free loops so the compiler vectorises the copy and the count.
+        int col_bad = 0;
+        for (int i = 0; i < j; ++i) {
+          const T a = A(i, j);
+          M(i, j) = a;
+          col_bad += !compat::isfinite(a);
+        }
+        const T diag = A(j, j);
+        M(j, j) = diag + gamma;
+        col_bad += !compat::isfinite(diag);
+        for (int i = j + 1; i < n; ++i) col_bad += !compat::isfinite(A(i, j));
+        acc += col_bad;
+      },
+      count);
+}
+
+/// M := I when count() > 0, so that no backend ever sees a NaN (OpenBLAS potrf may return
+/// info = 0 on one; an iterative eigensolver need not stop on one). Enqueued: the count is only
+/// read back, with the backend's info, after the backend ran.
+template <class ExecSpace, class CV, class MV>
+void identity_if_nonfinite(const ExecSpace& exec, const CV& count, const MV& M) {
+  const int n = static_cast<int>(M.extent(0));
+  using T = typename MV::non_const_value_type;
+  Kokkos::parallel_for(
+      "kdist::identity_if_nonfinite", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+        if (count() == 0) return;
+        for (int i = 0; i < n; ++i) M(i, j) = i == j ? T(1) : T(0);
+      });
+}
+
+/// Enqueues Q := A's upper triangle (counting NaN/Inf into the workspace), then syevd:
+/// w := eigenvalues ascending, Q := eigenvectors. Nothing is read back.
+template <class ExecSpace, class AV, class WV, class QV, class Workspace>
+void enqueue_eigen(const ExecSpace& exec, const AV& A, const WV& w, const QV& Q, Workspace& ws) {
+  using T = typename QV::non_const_value_type;
+  const int n = static_cast<int>(A.extent(0));
+  const auto bad = ws.impl_nonfinite(exec);
+  copy_upper_counting_nonfinite(exec, "kdist::symmetric_eigen::copy", A, T(0), Q, bad);
+  identity_if_nonfinite(exec, bad, Q);
+  using Solver = DenseSolver<ExecSpace, T>;
+  const int lda = static_cast<int>(Q.stride(1));
+  const std::size_t bytes = Solver::syevd_bytes(exec, n, lda);
+  Solver::syevd(exec, Q.data(), n, lda, w.data(), ws.impl_solver_scratch(exec, bytes), bytes,
+                ws.impl_info(exec).data());
 }
 
 }  // namespace impl
 
 /// eigenvalues := ascending eigenvalues of the symmetric matrix A, Q := orthonormal eigenvectors
-/// (columns). Reads only A's upper triangle.
-template <class ExecSpace, class AV, class WV, class QV>
-void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, const QV& Q) {
+/// (columns). Reads only A's upper triangle; never writes A. A, Q and eigenvalues must not share
+/// storage. The workspace holds the backend's scratch (see InverseWorkspace).
+template <class ExecSpace, class AV, class WV, class QV, class WT, class WsMem>
+void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, const QV& Q,
+                     InverseWorkspace<WT, WsMem>& workspace) {
   constexpr const char* func = "kdist::symmetric_eigen";
+  using T = typename QV::non_const_value_type;
+  impl::static_check_workspace<WT, T, ExecSpace, WsMem>();
   impl::check_square_pair<ExecSpace>(func, A, Q);
   impl::static_check_view<ExecSpace, WV>();
   static_assert(compat::view_rank<WV>() == 1, "kdist: eigenvalues must be rank 1");
-  using T = typename QV::non_const_value_type;
+  static_assert(std::is_same<typename WV::value_type, T>::value, "kdist: eigenvalues must be non-const, of Q's type");
   const int n = static_cast<int>(A.extent(0));
   if (static_cast<int>(eigenvalues.extent(0)) != n)
     impl::throw_invalid(func, "eigenvalues " + impl::describe(eigenvalues) + " must have " + std::to_string(n) +
                                   " entries for " + impl::describe(A));
-  impl::require_finite(exec, func, A, 0.0);
+  impl::require_contiguous(func, eigenvalues);
+  impl::require_disjoint(func, A, eigenvalues);
+  impl::require_disjoint(func, Q, eigenvalues);
+  Phase phase(func);
   if (n == 0) return;
-  Kokkos::deep_copy(exec, Q, A);
-  const impl::LapackStatus st =
-      impl::DenseSolver<ExecSpace, T>::syevd(exec, Q.data(), n, static_cast<int>(Q.stride(1)), eigenvalues.data());
-  if (st.stage) throw NumericalError(func, n, 0.0, st.info, std::string(st.stage) + " did not converge");
+  impl::enqueue_eigen(exec, A, eigenvalues, Q, workspace);
+  const impl::SolverStatus st = workspace.impl_read_status(exec);
+  if (st.nonfinite) impl::throw_nonfinite(func, n, 0.0, st.nonfinite, A.label());
+  if (st.info[0] != 0)
+    throw NumericalError(func, n, 0.0, st.info[0],
+                         std::string(impl::DenseSolver<ExecSpace, T>::eigen_stage) + " did not converge");
 }
 
 /// inv := (A + damping I)^-1 for symmetric positive definite A, in full symmetric storage.
-/// Reads only A's upper triangle; never writes A.
-template <class ExecSpace, class AV, class IV>
+/// Reads only A's upper triangle; never writes A; A and inv must not share storage. Scratch
+/// comes from `workspace`, which grows on demand; one synchronisation of `exec` per call.
+template <class ExecSpace, class AV, class IV, class WT, class WsMem>
 void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& inv,
-                 InverseMethod method = InverseMethod::cholesky) {
+                 InverseWorkspace<WT, WsMem>& workspace, InverseMethod method = InverseMethod::cholesky) {
   using T = typename IV::non_const_value_type;
-  using MemSpace = typename IV::memory_space;
+  using Solver = impl::DenseSolver<ExecSpace, T>;
+  impl::static_check_workspace<WT, T, ExecSpace, WsMem>();
   const char* func = method == InverseMethod::cholesky ? "kdist::spd_inverse(cholesky)" : "kdist::spd_inverse(eigen)";
   impl::check_square_pair<ExecSpace>(func, A, inv);
   Phase phase(func);
@@ -177,75 +246,74 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
   const T gamma = static_cast<T>(damping);
 
   if (method == InverseMethod::cholesky) {
-    // One pass: copy the upper triangle with damping, counting NaN/Inf on the way (OpenBLAS
-    // potrf can return info = 0 on NaN, so this check must come before LAPACK).
-    long long bad = 0;
-    Kokkos::parallel_reduce(
-        "kdist::spd_inverse::damp", Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
-        KOKKOS_LAMBDA(const int j, long long& acc) {
-          // Branch-free loops so the compiler vectorises the copy and the count.
-          int col_bad = 0;
-          for (int i = 0; i < j; ++i) {
-            const T a = A(i, j);
-            inv(i, j) = a;
-            col_bad += !compat::isfinite(a);
-          }
-          const T diag = A(j, j);
-          inv(j, j) = diag + gamma;
-          col_bad += !compat::isfinite(diag);
-          for (int i = j + 1; i < n; ++i) col_bad += !compat::isfinite(A(i, j));
-          acc += col_bad;
-        },
-        bad);
-    if (bad) impl::throw_nonfinite(func, n, damping, bad, A.label());
-    const impl::LapackStatus st =
-        impl::DenseSolver<ExecSpace, T>::cholesky_inverse(exec, inv.data(), n, static_cast<int>(inv.stride(1)));
-    if (st.stage)
-      throw NumericalError(func, n, damping, st.info,
-                           std::string(st.stage) + ": matrix is not positive definite after damping (leading minor " +
-                               std::to_string(st.info) + ")");
+    const auto bad = workspace.impl_nonfinite(exec);
+    impl::copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, inv, bad);
+    impl::identity_if_nonfinite(exec, bad, inv);
+    const int lda = static_cast<int>(inv.stride(1));
+    const std::size_t bytes = Solver::cholesky_inverse_bytes(exec, n, lda);
+    Solver::cholesky_inverse(exec, inv.data(), n, lda, workspace.impl_solver_scratch(exec, bytes), bytes,
+                             workspace.impl_info(exec).data());
+    const impl::SolverStatus st = workspace.impl_read_status(exec);
+    if (st.nonfinite) impl::throw_nonfinite(func, n, damping, st.nonfinite, A.label());
+    for (int stage = 0; stage < 2; ++stage)
+      if (st.info[stage] != 0)
+        throw NumericalError(func, n, damping, st.info[stage],
+                             std::string(stage == 0 ? Solver::factor_stage : Solver::invert_stage) +
+                                 ": matrix is not positive definite after damping (leading minor " +
+                                 std::to_string(st.info[stage]) + ")");
     mirror_upper_to_lower(exec, inv);
     return;
   }
 
-  impl::require_finite(exec, func, A, damping);
-  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> Q(
-      Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "kdist::spd_inverse::Q"), n, n);
-  Kokkos::View<T*, MemSpace> w(Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "kdist::spd_inverse::lambda"), n);
-  symmetric_eigen(exec, A, w, Q);
-  T wmin = 0;
-  Kokkos::parallel_reduce(
-      "kdist::spd_inverse::min_eig", Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
-      KOKKOS_LAMBDA(const int i, T& m) {
-        if (w(i) + gamma < m) m = w(i) + gamma;
-      },
-      Kokkos::Min<T>(wmin));
-  // Eigenvalues are exact only to about n * eps * |lambda_max|: below that the matrix is not
-  // numerically positive definite and its inverse would be noise.
-  T wmax = 0;
-  {
-    auto last = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(w, std::make_pair(n - 1, n)));
-    wmax = last(0) + gamma;
-  }
-  const T tol = static_cast<T>(n) * std::numeric_limits<T>::epsilon() * std::abs(wmax);
-  if (!(wmin > tol))
-    throw NumericalError(func, n, damping, 0,
-                         "matrix is not positive definite after damping (smallest eigenvalue + damping = " +
-                             std::to_string(static_cast<double>(wmin)) + ")");
-  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> W(
-      Kokkos::view_alloc(exec, Kokkos::WithoutInitializing, "kdist::spd_inverse::Q_scaled"), n, n);
+  // Eigen method: inv = Q diag(1 / (lambda + damping)) Q^T, everything enqueued before the one
+  // read-back; on failure the output is unspecified anyway.
+  const auto Q = workspace.impl_matrix(exec, 0, n);
+  const auto W = workspace.impl_matrix(exec, 1, n);
+  const auto w = workspace.impl_eigenvalues(exec, n);
+  impl::enqueue_eigen(exec, A, w, Q, workspace);
   Kokkos::parallel_for(
       "kdist::spd_inverse::scale", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
         const T s = T(1) / (w(j) + gamma);
         for (int i = 0; i < n; ++i) W(i, j) = Q(i, j) * s;
       });
   gemm(exec, "N", "T", T(1), W, Q, T(0), inv);
+  const impl::SolverStatus st = workspace.impl_read_status(exec, w, gamma);
+  if (st.nonfinite) impl::throw_nonfinite(func, n, damping, st.nonfinite, A.label());
+  if (st.info[0] != 0)
+    throw NumericalError(func, n, damping, st.info[0], std::string(Solver::eigen_stage) + " did not converge");
+  // Eigenvalues come ascending. They are exact only to about n * eps * |lambda_max|: below that
+  // the matrix is not numerically positive definite and its inverse would be noise.
+  const T wmin = static_cast<T>(st.lowest);
+  const T tol = static_cast<T>(n) * std::numeric_limits<T>::epsilon() * std::abs(static_cast<T>(st.highest));
+  if (!(wmin > tol))
+    throw NumericalError(func, n, damping, 0,
+                         "matrix is not positive definite after damping (smallest eigenvalue + damping = " +
+                             std::to_string(static_cast<double>(wmin)) + ")");
   mirror_upper_to_lower(exec, inv);
 }
 
+/// The same with a workspace made for this one call.
+template <class ExecSpace, class AV, class IV>
+void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& inv,
+                 InverseMethod method = InverseMethod::cholesky) {
+  InverseWorkspace<typename IV::non_const_value_type, typename IV::memory_space> workspace;
+  spd_inverse(exec, A, damping, inv, workspace, method);
+}
+template <class ExecSpace, class AV, class WV, class QV>
+void symmetric_eigen(const ExecSpace& exec, const AV& A, const WV& eigenvalues, const QV& Q) {
+  InverseWorkspace<typename QV::non_const_value_type, typename QV::memory_space> workspace;
+  symmetric_eigen(exec, A, eigenvalues, Q, workspace);
+}
+
+/// Overloads on the output view's default execution space.
 template <class AV, class IV>
 void spd_inverse(const AV& A, double damping, const IV& inv, InverseMethod method = InverseMethod::cholesky) {
   spd_inverse(typename IV::execution_space{}, A, damping, inv, method);
+}
+template <class AV, class IV, class WT, class WsMem>
+void spd_inverse(const AV& A, double damping, const IV& inv, InverseWorkspace<WT, WsMem>& workspace,
+                 InverseMethod method = InverseMethod::cholesky) {
+  spd_inverse(typename IV::execution_space{}, A, damping, inv, workspace, method);
 }
 template <class AV, class WV, class QV>
 void symmetric_eigen(const AV& A, const WV& eigenvalues, const QV& Q) {

@@ -1,5 +1,8 @@
 // Packed symmetric storage in LAPACK 'U' order: AP[i + j(j+1)/2] = A(i,j) for i <= j, n(n+1)/2
 // elements. K-FAC factors cross the network in this form (half the bytes of the full matrix).
+// pack_upper / unpack_upper take the square matrix and the packed vector on the caller's
+// execution space; the two must not share storage (InvalidArgument naming both, nothing
+// written), and the packed length must be n(n+1)/2.
 #pragma once
 
 #include <kdist/core/views.hpp>
@@ -9,17 +12,19 @@
 
 namespace kdist {
 
-/// Number of elements of the packed upper triangle of an n x n matrix.
+/// Number of elements of the packed upper triangle of an n x n matrix. The halving comes first,
+/// so the result is exact whenever it fits in size_t (n up to about 6e9 with 64 bits).
 KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_size(std::size_t n) {
-  return n * (n + 1) / 2;
+  return n % 2 == 0 ? n / 2 * (n + 1) : (n + 1) / 2 * n;
 }
 
 /// Position of A(i,j), i <= j, in packed 'U' order.
 KOKKOS_INLINE_FUNCTION constexpr std::size_t packed_index(std::size_t i, std::size_t j) {
-  return i + j * (j + 1) / 2;
+  return i + packed_size(j);
 }
 
-/// Inverse of packed_size: the n with packed_size(n) == size; throws if there is none.
+/// Inverse of packed_size: the n with packed_size(n) == size, for every size_t value (exact
+/// integer arithmetic, no overflow); throws InvalidArgument if there is none.
 std::size_t packed_dim(std::size_t size);
 
 namespace impl {
@@ -33,6 +38,7 @@ void check_packed_pair(const char* func, const Full& full, const Packed& packed)
   if (packed.extent(0) != packed_size(full.extent(0)))
     throw_invalid(func, "packed view " + describe(packed) + " must hold n(n+1)/2 = " +
                             std::to_string(packed_size(full.extent(0))) + " elements for matrix " + describe(full));
+  require_disjoint(func, full, packed);
 }
 }  // namespace impl
 

@@ -49,7 +49,8 @@ struct Syrk<Kokkos::Cuda, T, void> {
 /// A = scale * X^T X for X of shape rows x d (LayoutLeft or LayoutRight, read in place).
 /// With `bias`, A is (d+1) x (d+1) and equals scale * [X 1]^T [X 1]: the extra row/column holds
 /// scale times the column sums of X and the corner holds scale * rows (1 for scale = 1/rows).
-/// No ones column is materialised. A is LayoutLeft, full symmetric storage.
+/// No ones column is materialised. A is LayoutLeft, full symmetric storage, and must not share
+/// storage with X (InvalidArgument, X untouched).
 template <class ExecSpace, class XView, class AView>
 void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typename AView::non_const_value_type scale,
                     bool bias = false) {
@@ -72,6 +73,7 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
   if (static_cast<int>(A.extent(0)) != n)
     impl::throw_invalid(func, "factor " + impl::describe(A) + " must be " + std::to_string(n) + " x " +
                                   std::to_string(n) + " for X " + impl::describe(X) + (bias ? " with bias" : ""));
+  impl::require_disjoint(func, X, A);
   if (n == 0) return;
   const int ldc = std::max<int>(1, static_cast<int>(A.stride(1)));
   if (d > 0) {

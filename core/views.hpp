@@ -1,10 +1,25 @@
 // View aliases used across kdist, and the checks every public function applies to its views.
+//
+// Contract of the checks (namespace kdist::impl), used by every public kernel:
+//   static_check_view<Exec, V>()  compile time: V is a View whose memory space Exec can access.
+//   describe(v)                   "'label' (rows x cols)", the form every error message uses.
+//   require_contiguous / require_square(func, v)
+//   spans_overlap(a, b)           true when the byte ranges [data(), data() + span()) of a and b
+//                                 intersect. span(), not the extent product, so padded, strided
+//                                 and sub-views are covered; empty views overlap nothing. It is
+//                                 conservative: two disjoint interleaved column sets of one
+//                                 matrix count as overlapping.
+//   require_disjoint(func, a, b)  throws InvalidArgument naming both views (label, extents) when
+//                                 they overlap. Every kernel whose outputs must not share storage
+//                                 with its inputs or each other calls it before writing anything.
+// Every check throws kdist::InvalidArgument("<func>: ...") and writes nothing.
 #pragma once
 
 #include <kdist/core/compat.hpp>
 #include <kdist/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -30,11 +45,14 @@ constexpr void static_check_view() {
                 "kdist: view memory space is not accessible from the execution space");
 }
 
-/// "label" (rows x cols) for error messages.
+/// 'label' (rows x cols) for error messages; an unmanaged view has no label.
 template <class V>
 std::string describe(const V& v) {
   std::ostringstream os;
-  os << "'" << v.label() << "' (";
+  if (v.label().empty())
+    os << "unlabelled view (";
+  else
+    os << "'" << v.label() << "' (";
   for (int r = 0; r < compat::view_rank<V>(); ++r) os << (r ? " x " : "") << v.extent(r);
   os << ")";
   return os.str();
@@ -48,6 +66,27 @@ void require_contiguous(const char* func, const V& v) {
 template <class V>
 void require_square(const char* func, const V& v) {
   if (v.extent(0) != v.extent(1)) throw_invalid(func, "matrix " + describe(v) + " must be square");
+}
+
+/// Whether the storage of a and b shares any byte (addresses compared as integers: the views may
+/// be unrelated allocations, and on CUDA all spaces share one virtual address space).
+template <class A, class B>
+bool spans_overlap(const A& a, const B& b) {
+  if (a.span() == 0 || b.span() == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data());
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data());
+  const std::uintptr_t a1 = a0 + a.span() * sizeof(typename A::value_type);
+  const std::uintptr_t b1 = b0 + b.span() * sizeof(typename B::value_type);
+  return a0 < b1 && b0 < a1;
+}
+
+/// Throws InvalidArgument naming both views when they share storage. Called with an input and an
+/// output (the input is never written), or with two outputs.
+template <class A, class B>
+void require_disjoint(const char* func, const A& a, const B& b) {
+  if (spans_overlap(a, b))
+    throw_invalid(func, "views " + describe(a) + " and " + describe(b) +
+                            " share storage; an output must not overlap an input or another output");
 }
 
 }  // namespace impl

@@ -36,9 +36,10 @@ void run_size(int d, int reps, double damping, kdist_bench::Table& table) {
     for (int i = j + 1; i < d; ++i) A(i, j) = A(j, i);
   }
   std::vector<double> t_kdist, t_lapack, t_gemm;
+  kdist::InverseWorkspace<T, Kokkos::HostSpace> workspace("bench_inverse::workspace");  // as a caller would
   auto time_kdist = [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    kdist::spd_inverse(Host(), A, damping, inv);
+    kdist::spd_inverse(Host(), A, damping, inv, workspace);
     return seconds_since(t0);
   };
   auto time_lapack = [&] {

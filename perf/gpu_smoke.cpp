@@ -1,6 +1,7 @@
 // GPU smoke test, run when a GPU machine is lent (it only compiles and links elsewhere): inverts
 // random SPD matrices with kdist's cuSOLVER backend and with host LAPACK, compares them and
-// times both for d = 256 ... 8192, and checks syevd. Needs no Kokkos.
+// times both for d = 256 ... 8192, checks potrf's info on an indefinite matrix, and checks syevd.
+// Needs no Kokkos.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -47,16 +48,18 @@ int smoke(int d) {
   int* dinfo = nullptr;
   void* ws = nullptr;
   SMOKE_CUDA(cudaMalloc(&dA, sizeof(T) * A.size()));
-  SMOKE_CUDA(cudaMalloc(&dinfo, sizeof(int)));
+  SMOKE_CUDA(cudaMalloc(&dinfo, 2 * sizeof(int)));  // potrf's info, potri's info
   const std::size_t bytes = cs::cholesky_inverse_workspace<T>(d, d, stream);
   SMOKE_CUDA(cudaMalloc(&ws, bytes));
   double t_gpu = 1e30;
-  int info = 0;
+  int info[2] = {0, 0};
   for (int rep = 0; rep < 3; ++rep) {  // first repeat includes handle creation
     SMOKE_CUDA(cudaMemcpyAsync(dA, A.data(), sizeof(T) * A.size(), cudaMemcpyHostToDevice, stream));
     SMOKE_CUDA(cudaStreamSynchronize(stream));
     t0 = std::chrono::steady_clock::now();
-    info = cs::cholesky_inverse<T>(dA, d, d, ws, bytes, dinfo, stream);
+    cs::cholesky_inverse<T>(dA, d, d, ws, bytes, dinfo, stream);  // asynchronous: one read-back below
+    SMOKE_CUDA(cudaMemcpyAsync(info, dinfo, sizeof(info), cudaMemcpyDeviceToHost, stream));
+    SMOKE_CUDA(cudaStreamSynchronize(stream));
     t_gpu = std::min(t_gpu, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   SMOKE_CUDA(cudaMemcpy(got.data(), dA, sizeof(T) * A.size(), cudaMemcpyDeviceToHost));
@@ -67,8 +70,18 @@ int smoke(int d) {
       diff = std::max(diff, std::abs(double(got[k]) - double(ref[k])));
       mx = std::max(mx, std::abs(double(ref[k])));
     }
+  // An indefinite matrix through the same buffers: potrf's info names the failing minor.
+  std::vector<T> indefinite(A.size(), T(0));
+  for (int i = 0; i < d; ++i) indefinite[static_cast<std::size_t>(i) * d + i] = i == d / 2 ? T(-1) : T(1);
+  SMOKE_CUDA(cudaMemcpyAsync(dA, indefinite.data(), sizeof(T) * A.size(), cudaMemcpyHostToDevice, stream));
+  cs::cholesky_inverse<T>(dA, d, d, ws, bytes, dinfo, stream);
+  int bad_info[2] = {0, 0};
+  SMOKE_CUDA(cudaMemcpyAsync(bad_info, dinfo, sizeof(bad_info), cudaMemcpyDeviceToHost, stream));
+  SMOKE_CUDA(cudaStreamSynchronize(stream));
+  if (bad_info[0] != d / 2 + 1) std::printf("indefinite d=%d: potrf info %d, expected %d\n", d, bad_info[0], d / 2 + 1);
   const double flops = double(d) * d * d;
-  const bool ok = info == 0 && diff <= (sizeof(T) == 8 ? 1e-10 : 1e-3) * mx;
+  const bool ok =
+      info[0] == 0 && info[1] == 0 && bad_info[0] == d / 2 + 1 && diff <= (sizeof(T) == 8 ? 1e-10 : 1e-3) * mx;
   std::printf("%8d %7s %12.4g %12.4g %12.1f %12.1f %10.3g %s\n", d, sizeof(T) == 8 ? "double" : "float", t_gpu, t_cpu,
               flops / t_gpu * 1e-9, flops / t_cpu * 1e-9, diff / mx, ok ? "ok" : "MISMATCH");
   cudaFree(ws);
@@ -93,7 +106,10 @@ int smoke_syevd(int d) {
   SMOKE_CUDA(cudaMemcpy(dA, A.data(), sizeof(T) * A.size(), cudaMemcpyHostToDevice));
   const std::size_t bytes = cs::syevd_workspace<T>(d, d, stream);
   SMOKE_CUDA(cudaMalloc(&ws, bytes));
-  const int info = cs::syevd<T>(dA, d, d, dw, ws, bytes, dinfo, stream);
+  cs::syevd<T>(dA, d, d, dw, ws, bytes, dinfo, stream);
+  int info = 0;
+  SMOKE_CUDA(cudaMemcpyAsync(&info, dinfo, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  SMOKE_CUDA(cudaStreamSynchronize(stream));
   std::vector<T> w(d);
   SMOKE_CUDA(cudaMemcpy(w.data(), dw, sizeof(T) * d, cudaMemcpyDeviceToHost));
   double err = 0;

@@ -1,4 +1,5 @@
 // core/: packed format, factor products, SPD inverse and eigen method, errors, timer, timeline.
+// Kernels run on TestExec / TestMem (test_space.hpp): on the GPU in a CUDA build.
 #include <catch2/catch.hpp>
 #include <kdist/core/inverse.hpp>
 #include <kdist/core/packed.hpp>
@@ -10,26 +11,33 @@
 #include <nlohmann/json.hpp>
 
 #include "reference.hpp"
+#include "test_space.hpp"
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::bytes_of;
 using kdist_test::Dense;
+using kdist_test::device_matrix;
+using kdist_test::TestExec;
+using kdist_test::TestMatrix;
+using kdist_test::TestMem;
+using kdist_test::TestVector;
+using kdist_test::to_host;
 
 namespace {
 
+/// Row-major reference matrix -> TestMem matrix.
 template <class T>
-Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> to_view(const Dense& a, int n, const char* label) {
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> v(std::string(label), n, n);
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) v(i, j) = static_cast<T>(a[i * n + j]);
-  return v;
+TestMatrix<T> to_view(const Dense& a, int n, const char* label) {
+  return device_matrix<T>(label, n, n, [&](int i, int j) { return a[i * n + j]; });
 }
 
+/// TestMem matrix -> row-major reference matrix, through a host mirror.
 template <class V>
 Dense to_dense(const V& v) {
-  const int n = static_cast<int>(v.extent(0));
+  const auto h = to_host(v);
+  const int n = static_cast<int>(h.extent(0));
   Dense a(static_cast<std::size_t>(n) * n);
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) a[i * n + j] = static_cast<double>(v(i, j));
+    for (int j = 0; j < n; ++j) a[i * n + j] = static_cast<double>(h(i, j));
   return a;
 }
 
@@ -41,38 +49,49 @@ Dense rounded(const Dense& a) {
   return r;
 }
 
+template <class T>
+using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutLeft, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+using Unmanaged1 = Kokkos::View<T*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[core][packed]", float, double) {
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> u(-1, 1);
   for (int n = 1; n <= 300; n += (n < 20 ? 1 : 17)) {
-    Kokkos::View<TestType**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("a", n, n), back("back", n, n);
+    Dense sym(static_cast<std::size_t>(n) * n);
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i <= j; ++i) a(i, j) = a(j, i) = static_cast<TestType>(u(rng));
-    Kokkos::View<TestType*, Kokkos::HostSpace> p("p", kdist::packed_size(n));
-    kdist::pack_upper(Host(), a, p);
+      for (int i = 0; i <= j; ++i) sym[i * n + j] = sym[j * n + i] = u(rng);
+    const auto a = to_view<TestType>(sym, n, "a");
+    TestMatrix<TestType> back("back", n, n);
+    TestVector<TestType> p("p", kdist::packed_size(n));
+    kdist::pack_upper(TestExec(), a, p);
     // The order LAPACK's packed routines use: column by column, rows 0..j.
+    const auto ah = to_host(a);
+    const auto ph = to_host(p);
     std::size_t k = 0;
     bool order_ok = true;
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i <= j; ++i, ++k) order_ok = order_ok && p(k) == a(i, j) && k == kdist::packed_index(i, j);
+      for (int i = 0; i <= j; ++i, ++k) order_ok = order_ok && ph(k) == ah(i, j) && k == kdist::packed_index(i, j);
     REQUIRE(order_ok);
-    kdist::unpack_upper(Host(), p, back);
+    kdist::unpack_upper(TestExec(), p, back);
+    const auto bh = to_host(back);
     bool same = true;
     for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) same = same && back(i, j) == a(i, j);
+      for (int j = 0; j < n; ++j) same = same && bh(i, j) == ah(i, j);
     REQUIRE(same);
     REQUIRE(kdist::packed_dim(kdist::packed_size(n)) == static_cast<std::size_t>(n));
   }
 }
 
 TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> a("factor", 4, 4);
-  Kokkos::View<double*, Kokkos::HostSpace> p("packed", 9);
-  REQUIRE_THROWS_AS(kdist::pack_upper(Host(), a, p), kdist::InvalidArgument);
-  REQUIRE_THROWS_WITH(kdist::unpack_upper(Host(), p, a), Catch::Contains("kdist::unpack_upper") &&
-                                                             Catch::Contains("'packed' (9)") && Catch::Contains("10"));
+  TestMatrix<double> a("factor", 4, 4);
+  TestVector<double> p("packed", 9);
+  REQUIRE_THROWS_AS(kdist::pack_upper(TestExec(), a, p), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::unpack_upper(TestExec(), p, a), Catch::Contains("kdist::unpack_upper") &&
+                                                                 Catch::Contains("'packed' (9)") &&
+                                                                 Catch::Contains("10"));
   REQUIRE_THROWS_AS(kdist::packed_dim(11), kdist::InvalidArgument);
   REQUIRE(kdist::packed_dim(0) == 0);
 }
@@ -80,27 +99,27 @@ TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
 template <class T, class Layout>
 void check_factor_product(int rows, int d, bool bias, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-2, 2);
-  Kokkos::View<T**, Layout, Kokkos::HostSpace> X("X", rows, d);
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < d; ++c) X(r, c) = static_cast<T>(u(rng));
+  const auto X = device_matrix<T, Layout>("X", rows, d, [&](int, int) { return u(rng); });
   const int n = d + (bias ? 1 : 0);
   const T scale = rows > 0 ? T(1) / static_cast<T>(rows) : T(1);
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", n, n);
+  TestMatrix<T> A("A", n, n);
   Kokkos::deep_copy(A, T(-7));  // stale contents must be overwritten
-  kdist::factor_product(Host(), X, A, scale, bias);
+  kdist::factor_product(TestExec(), X, A, scale, bias);
+  const auto Xh = to_host(X);
+  const auto Ah = to_host(A);
   // Triple loop over the explicit [X 1] matrix.
   double worst = 0, ref_max = 0;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       double s = 0;
       for (int r = 0; r < rows; ++r) {
-        const double xi = i < d ? static_cast<double>(X(r, i)) : 1.0;
-        const double xj = j < d ? static_cast<double>(X(r, j)) : 1.0;
+        const double xi = i < d ? static_cast<double>(Xh(r, i)) : 1.0;
+        const double xj = j < d ? static_cast<double>(Xh(r, j)) : 1.0;
         s += xi * xj;
       }
       s *= static_cast<double>(scale);
       ref_max = std::max(ref_max, std::abs(s));
-      worst = std::max(worst, std::abs(s - static_cast<double>(A(i, j))));
+      worst = std::max(worst, std::abs(s - static_cast<double>(Ah(i, j))));
     }
   const double tol = (std::is_same<T, double>::value ? 1e-12 : 1e-5) * std::max(ref_max, 1e-300);
   INFO("rows " << rows << " d " << d << " bias " << bias << " layout "
@@ -119,9 +138,9 @@ TEMPLATE_TEST_CASE("factor_product equals a triple loop", "[core][products]", fl
 }
 
 TEST_CASE("factor_product rejects a factor of the wrong size", "[core][products]") {
-  Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> X("acts", 8, 3);
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A[0]", 3, 3);
-  REQUIRE_THROWS_WITH(kdist::factor_product(Host(), X, A, 1.0, true),
+  TestMatrix<double, Kokkos::LayoutRight> X("acts", 8, 3);
+  TestMatrix<double> A("A[0]", 3, 3);
+  REQUIRE_THROWS_WITH(kdist::factor_product(TestExec(), X, A, 1.0, true),
                       Catch::Contains("kdist::factor_product") && Catch::Contains("'A[0]' (3 x 3)") &&
                           Catch::Contains("'acts' (8 x 3)") && Catch::Contains("4 x 4"));
 }
@@ -133,17 +152,18 @@ void check_inverse(int n, kdist::InverseMethod method) {
   // cond(A + gamma I) <= 1e4 (double) or 1e2 (float).
   const double lo = dbl ? 1e-4 : 1e-2, gamma = dbl ? 1e-4 : 1e-3;
   const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, lo), rng));
-  auto A = to_view<T>(a, n, "A");
-  auto A_before = to_view<T>(a, n, "A_before");
-  Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
-  kdist::spd_inverse(Host(), A, gamma, inv, method);
-  const double res = kdist_test::identity_residual(a, static_cast<double>(static_cast<T>(gamma)), to_dense(inv), n);
+  const auto A = to_view<T>(a, n, "A");
+  const auto A_before = bytes_of(A);
+  TestMatrix<T> inv("inv", n, n);
+  kdist::spd_inverse(TestExec(), A, gamma, inv, method);
+  const Dense x = to_dense(inv);
+  const double res = kdist_test::identity_residual(a, static_cast<double>(static_cast<T>(gamma)), x, n);
   INFO("n " << n << (dbl ? " double" : " float") << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
   CHECK(res <= (dbl ? 1e-10 : 1e-4));
-  CHECK(std::memcmp(A.data(), A_before.data(), sizeof(T) * n * n) == 0);
+  CHECK(bytes_of(A) == A_before);
   bool symmetric = true;
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) symmetric = symmetric && inv(i, j) == inv(j, i);
+    for (int j = 0; j < n; ++j) symmetric = symmetric && x[i * n + j] == x[j * n + i];
   CHECK(symmetric);
 }
 
@@ -156,15 +176,17 @@ TEST_CASE("spd_inverse: eigen method agrees with Cholesky", "[core][inverse]") {
   std::mt19937_64 rng(3);
   for (int n : {4, 33, 256}) {
     const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 10.0, 1e-2), rng);
-    auto A = to_view<double>(a, n, "A");
-    Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> c("c", n, n), e("e", n, n);
-    kdist::spd_inverse(Host(), A, 1e-2, c, kdist::InverseMethod::cholesky);
-    kdist::spd_inverse(Host(), A, 1e-2, e, kdist::InverseMethod::eigen);
+    const auto A = to_view<double>(a, n, "A");
+    TestMatrix<double> c("c", n, n), e("e", n, n);
+    kdist::spd_inverse(TestExec(), A, 1e-2, c, kdist::InverseMethod::cholesky);
+    kdist::spd_inverse(TestExec(), A, 1e-2, e, kdist::InverseMethod::eigen);
+    const auto ch = to_host(c);
+    const auto eh = to_host(e);
     double diff = 0, mx = 0;
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) {
-        diff = std::max(diff, std::abs(c(i, j) - e(i, j)));
-        mx = std::max(mx, std::abs(c(i, j)));
+        diff = std::max(diff, std::abs(ch(i, j) - eh(i, j)));
+        mx = std::max(mx, std::abs(ch(i, j)));
       }
     INFO("n " << n);
     CHECK(diff <= 1e-10 * mx);
@@ -176,21 +198,23 @@ TEST_CASE("symmetric_eigen returns the spectrum and orthonormal vectors", "[core
   const int n = 40;
   auto spec = kdist_test::geometric_spectrum(n, 3.0, 0.01);
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
-  auto A = to_view<double>(a, n, "A");
-  Kokkos::View<double*, Kokkos::HostSpace> w("w", n);
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> Q("Q", n, n);
-  kdist::symmetric_eigen(Host(), A, w, Q);
+  const auto A = to_view<double>(a, n, "A");
+  TestVector<double> w("w", n);
+  TestMatrix<double> Q("Q", n, n);
+  kdist::symmetric_eigen(TestExec(), A, w, Q);
+  const auto wh = to_host(w);
+  const auto Qh = to_host(Q);
   std::sort(spec.begin(), spec.end());
   double err = 0;
-  for (int i = 0; i < n; ++i) err = std::max(err, std::abs(w(i) - spec[i]));
+  for (int i = 0; i < n; ++i) err = std::max(err, std::abs(wh(i) - spec[i]));
   CHECK(err < 1e-12);
   // A q_j = w_j q_j
   double res = 0;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < n; ++i) {
       double s = 0;
-      for (int k = 0; k < n; ++k) s += a[i * n + k] * Q(k, j);
-      res = std::max(res, std::abs(s - w(j) * Q(i, j)));
+      for (int k = 0; k < n; ++k) s += a[i * n + k] * Qh(k, j);
+      res = std::max(res, std::abs(s - wh(j) * Qh(i, j)));
     }
   CHECK(res < 1e-12);
 }
@@ -204,11 +228,11 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
   spec[n / 2] = -1.0;  // indefinite even after damping 0.1
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
   for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
-    auto A = to_view<T>(a, n, "G[2]");
-    auto before = to_view<T>(a, n, "before");
-    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> inv("inv", n, n);
+    const auto A = to_view<T>(a, n, "G[2]");
+    const auto before = bytes_of(A);
+    TestMatrix<T> inv("inv", n, n);
     try {
-      kdist::spd_inverse(Host(), A, 0.1, inv, method);
+      kdist::spd_inverse(TestExec(), A, 0.1, inv, method);
       FAIL("an indefinite matrix was inverted");
     } catch (const kdist::NumericalError& e) {
       CHECK(e.dim() == n);
@@ -217,35 +241,238 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
                                Catch::Contains("dimension 24") && Catch::Contains("damping 0.1"));
       if (method == kdist::InverseMethod::cholesky) CHECK(e.info() > 0);
     }
-    CHECK(std::memcmp(A.data(), before.data(), sizeof(T) * n * n) == 0);
+    CHECK(bytes_of(A) == before);
 
-    // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must catch it before LAPACK.
-    auto B = to_view<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng), n, "A[7]");
-    B(3, 5) = std::numeric_limits<T>::quiet_NaN();
-    B(20, 1) = std::numeric_limits<T>::infinity();
-    Kokkos::View<T**, Kokkos::LayoutLeft, Kokkos::HostSpace> B_before("B_before", n, n);
-    Kokkos::deep_copy(B_before, B);
+    // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must find it whatever LAPACK says.
+    Dense b = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng);
+    b[3 * n + 5] = std::numeric_limits<double>::quiet_NaN();
+    b[20 * n + 1] = std::numeric_limits<double>::infinity();
+    const auto B = to_view<T>(b, n, "A[7]");
+    const auto B_before = bytes_of(B);
     try {
-      kdist::spd_inverse(Host(), B, 1e-3, inv, method);
+      kdist::spd_inverse(TestExec(), B, 1e-3, inv, method);
       FAIL("a non-finite matrix was inverted");
     } catch (const kdist::NumericalError& e) {
       CHECK(e.info() == 0);
       CHECK_THAT(e.what(), Catch::Contains("non-finite input") && Catch::Contains("2 NaN/Inf") &&
                                Catch::Contains("'A[7]'") && Catch::Contains("dimension 24"));
     }
-    CHECK(std::memcmp(B.data(), B_before.data(), sizeof(T) * n * n) == 0);
+    CHECK(bytes_of(B) == B_before);
   }
 }
 
 TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][errors]") {
-  Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace> A("A", 3, 3), B("B", 4, 4), R("R", 3, 4);
-  REQUIRE_THROWS_AS(kdist::spd_inverse(Host(), A, 0.0, A), kdist::InvalidArgument);
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, 0.0, B),
+  TestMatrix<double> A("A", 3, 3), B("B", 4, 4), R("R", 3, 4);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), A, 0.0, A), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, 0.0, B),
                       Catch::Contains("'B' (4 x 4)") && Catch::Contains("'A' (3 x 3)"));
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), R, 0.0, B), Catch::Contains("must be square"));
-  REQUIRE_THROWS_WITH(kdist::spd_inverse(Host(), A, std::nan(""),
-                                         Kokkos::View<double**, Kokkos::LayoutLeft, Kokkos::HostSpace>("C", 3, 3)),
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), R, 0.0, B), Catch::Contains("must be square"));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, std::nan(""), TestMatrix<double>("C", 3, 3)),
                       Catch::Contains("non-finite damping"));
+}
+
+// ---- outputs overlapping inputs (issue 8, cases 5 and 6): rejected before anything is written --
+
+namespace {
+
+/// One allocation of `elements` holding a random SPD n x n matrix at offset 0 (column-major).
+template <class T>
+TestVector<T> spd_storage(int n, std::size_t elements, std::mt19937_64& rng) {
+  const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.1), rng);
+  TestVector<T> storage("storage", elements);
+  kdist_test::fill(storage, [&](std::size_t k) { return k < std::size_t(n) * n ? a[(k % n) * n + k / n] : 0.5; });
+  return storage;
+}
+
+}  // namespace
+
+TEST_CASE("spd_inverse rejects an output shifted into the input's storage, input untouched",
+          "[core][inverse][errors][overlap]") {
+  std::mt19937_64 rng(11);
+  const int n = 6;
+  // shift 1: one element in; shift n: one column in; shift n*n - 1: only the last element shared.
+  for (const std::size_t shift : {std::size_t(1), std::size_t(n), std::size_t(n) * n - 1})
+    for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+      const auto storage = spd_storage<double>(n, std::size_t(n) * n + shift, rng);
+      const Unmanaged2<double> A(storage.data(), n, n), inv(storage.data() + shift, n, n);
+      const auto before = bytes_of(storage);
+      INFO("shift " << shift << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
+      REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), A, 0.1, inv, method), kdist::InvalidArgument);
+      CHECK(bytes_of(storage) == before);
+    }
+  // Output one column in, as a labelled subview: the message names both views.
+  TestMatrix<double> wide("wide", n, n + 1);
+  const auto A = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(0, n));
+  const auto inv = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(1, n + 1));
+  REQUIRE_THROWS_WITH(kdist::spd_inverse(TestExec(), A, 0.1, inv), Catch::Contains("kdist::spd_inverse(cholesky)") &&
+                                                                       Catch::Contains("'wide' (6 x 6)") &&
+                                                                       Catch::Contains("share storage"));
+  // Adjacent but disjoint storage is fine.
+  const auto storage = spd_storage<double>(n, 2 * std::size_t(n) * n, rng);
+  const Unmanaged2<double> A2(storage.data(), n, n), inv2(storage.data() + n * n, n, n);
+  REQUIRE_NOTHROW(kdist::spd_inverse(TestExec(), A2, 0.1, inv2));
+}
+
+TEST_CASE("symmetric_eigen rejects overlapping A, Q and eigenvalues, input untouched",
+          "[core][inverse][errors][overlap]") {
+  std::mt19937_64 rng(12);
+  const int n = 5;
+  const std::size_t nn = std::size_t(n) * n;
+  {  // Q one column into A
+    const auto storage = spd_storage<double>(n, nn + n, rng);
+    const auto before = bytes_of(storage);
+    TestVector<double> w("w", n);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), Unmanaged2<double>(storage.data(), n, n), w,
+                                             Unmanaged2<double>(storage.data() + n, n, n)),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+  {  // eigenvalues inside A, then inside Q
+    const auto storage = spd_storage<double>(n, 2 * nn, rng);
+    const Unmanaged2<double> A(storage.data(), n, n), Q(storage.data() + nn, n, n);
+    const auto before = bytes_of(storage);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), A, Unmanaged1<double>(storage.data() + 2, n), Q),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+    REQUIRE_THROWS_AS(kdist::symmetric_eigen(TestExec(), A, Unmanaged1<double>(storage.data() + nn + 3, n), Q),
+                      kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+}
+
+TEST_CASE("pack_upper/unpack_upper reject a packed vector inside the matrix's storage",
+          "[core][packed][errors][overlap]") {
+  const int n = 8;
+  const std::size_t np = kdist::packed_size(n);
+  for (const std::size_t offset : {std::size_t(0), std::size_t(3), std::size_t(n) * n - np}) {
+    TestVector<float> storage("storage", std::size_t(n) * n);
+    kdist_test::fill(storage, [](std::size_t k) { return 1.0 + static_cast<double>(k); });
+    const Unmanaged2<float> full(storage.data(), n, n);
+    const Unmanaged1<float> packed(storage.data() + offset, np);
+    const auto before = bytes_of(storage);
+    INFO("offset " << offset);
+    REQUIRE_THROWS_AS(kdist::unpack_upper(TestExec(), packed, full), kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+    REQUIRE_THROWS_AS(kdist::pack_upper(TestExec(), full, packed), kdist::InvalidArgument);
+    CHECK(bytes_of(storage) == before);
+  }
+}
+
+TEST_CASE("factor_product rejects a factor overlapping X", "[core][products][errors][overlap]") {
+  const int rows = 4, d = 3;
+  TestVector<double> storage("storage", std::size_t(rows) * d + 2);
+  kdist_test::fill(storage, [](std::size_t k) { return 0.25 * static_cast<double>(k); });
+  const Unmanaged2<double> X(storage.data(), rows, d), A(storage.data() + 2, d, d);
+  const auto before = bytes_of(storage);
+  REQUIRE_THROWS_WITH(kdist::factor_product(TestExec(), X, A, 1.0), Catch::Contains("kdist::factor_product") &&
+                                                                        Catch::Contains("(4 x 3)") &&
+                                                                        Catch::Contains("(3 x 3)"));
+  CHECK(bytes_of(storage) == before);
+}
+
+TEST_CASE("spans_overlap compares byte spans, not start pointers", "[core][overlap]") {
+  TestMatrix<double> m("m", 10, 10);
+  const auto col0 = Kokkos::subview(m, Kokkos::ALL, 0);
+  const auto col1 = Kokkos::subview(m, Kokkos::ALL, 1);
+  const auto row0 = Kokkos::subview(m, 0, Kokkos::ALL);  // strided: spans the whole matrix
+  CHECK_FALSE(kdist::impl::spans_overlap(col0, col1));
+  CHECK(kdist::impl::spans_overlap(col1, row0));
+  CHECK(kdist::impl::spans_overlap(m, col1));
+  CHECK_FALSE(kdist::impl::spans_overlap(m, TestMatrix<double>("other", 10, 10)));
+  CHECK_FALSE(kdist::impl::spans_overlap(m, Kokkos::subview(m, std::make_pair(0, 0), Kokkos::ALL)));  // empty
+  // Different value types over one allocation: bytes, not elements.
+  const Kokkos::View<float*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> tail(
+      reinterpret_cast<float*>(m.data() + 99) + 1, 1);  // the upper half of the last double
+  CHECK(kdist::impl::spans_overlap(m, tail));
+  const Kokkos::View<float*, TestMem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> past(
+      reinterpret_cast<float*>(m.data() + 100), 1);
+  CHECK_FALSE(kdist::impl::spans_overlap(m, past));
+}
+
+// ---- packed_dim for every size_t (issue 8, case 11) ------------------------------------------------
+
+TEST_CASE("packed_dim is exact and instant for every size_t", "[core][packed]") {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  REQUIRE_THROWS_AS(kdist::packed_dim(max), kdist::InvalidArgument);
+  REQUIRE_THROWS_AS(kdist::packed_dim(max - 1), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(kdist::packed_dim(max),
+                      Catch::Contains("kdist::packed_dim") && Catch::Contains(std::to_string(max)));
+  const std::size_t dims[] = {0, 1, 2, 3, 4, 5, 100, 1001, 65535, 65536, 4294967295u};
+  for (const std::size_t n : dims) {
+    const std::size_t t = kdist::packed_size(n);
+    CHECK(kdist::packed_dim(t) == n);
+    if (n > 0) CHECK_THROWS_AS(kdist::packed_dim(t + 1), kdist::InvalidArgument);
+    if (n > 1) CHECK_THROWS_AS(kdist::packed_dim(t - 1), kdist::InvalidArgument);
+  }
+  if (sizeof(std::size_t) == 8) {
+    // The largest n whose n(n+1)/2 fits in 64 bits, and that triangular number.
+    const std::size_t n = 6074000999ull, t = 18446744070963499500ull;
+    CHECK(kdist::packed_size(n) == t);
+    CHECK(kdist::packed_dim(t) == n);
+    CHECK_THROWS_AS(kdist::packed_dim(t + 1), kdist::InvalidArgument);
+    CHECK_THROWS_AS(kdist::packed_dim(t - 1), kdist::InvalidArgument);
+    CHECK_THROWS_AS(kdist::packed_dim(max - 2746052114ull), kdist::InvalidArgument);
+  }
+}
+
+// ---- InverseWorkspace (issue 7, rework 4) -----------------------------------------------------------
+
+TEMPLATE_TEST_CASE("InverseWorkspace: reused across sizes, same results, no reallocation when smaller",
+                   "[core][inverse][workspace]", float, double) {
+  using T = TestType;
+  std::mt19937_64 rng(21);
+  kdist::InverseWorkspace<T, TestMem> ws("kdist::test::ws");
+  CHECK(ws.allocations() == 0);
+  CHECK(ws.bytes() == 0);
+  const auto check = [&](int n, kdist::InverseMethod method) {
+    const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.05), rng));
+    const auto A = to_view<T>(a, n, "A");
+    TestMatrix<T> with("with_workspace", n, n), plain("plain", n, n);
+    kdist::spd_inverse(TestExec(), A, 1e-3, with, ws, method);
+    kdist::spd_inverse(TestExec(), A, 1e-3, plain, method);
+    INFO("n " << n << (method == kdist::InverseMethod::eigen ? " eigen" : " cholesky"));
+    CHECK(bytes_of(with) == bytes_of(plain));
+  };
+  for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+    check(48, method);
+    const std::size_t allocations = ws.allocations(), bytes = ws.bytes();
+    CHECK(allocations > 0);
+    for (int n : {1, 7, 48, 20, 33}) check(n, method);
+    CHECK(ws.allocations() == allocations);
+    CHECK(ws.bytes() == bytes);
+  }
+  // A larger size grows it once; then the smaller ones again allocate nothing.
+  check(64, kdist::InverseMethod::eigen);
+  const std::size_t grown = ws.allocations();
+  CHECK(grown > 0);
+  for (int n : {64, 10, 48}) check(n, kdist::InverseMethod::eigen);
+  for (int n : {64, 10}) check(n, kdist::InverseMethod::cholesky);
+  CHECK(ws.allocations() == grown);
+
+  // The eigendecomposition through the same workspace.
+  const int n = 30;
+  auto spec = kdist_test::geometric_spectrum(n, 2.0, 0.1);
+  const auto A = to_view<T>(kdist_test::matrix_with_spectrum(spec, rng), n, "A");
+  TestVector<T> w1("w1", n), w2("w2", n);
+  TestMatrix<T> Q1("Q1", n, n), Q2("Q2", n, n);
+  kdist::symmetric_eigen(TestExec(), A, w1, Q1, ws);
+  kdist::symmetric_eigen(TestExec(), A, w2, Q2);
+  CHECK(bytes_of(w1) == bytes_of(w2));
+  CHECK(bytes_of(Q1) == bytes_of(Q2));
+  CHECK(ws.allocations() == grown);
+
+  // Errors through a workspace leave it usable.
+  Dense bad(static_cast<std::size_t>(n) * n, 0.0);
+  bad[0] = std::numeric_limits<double>::quiet_NaN();
+  TestMatrix<T> out("out", n, n);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), to_view<T>(bad, n, "bad"), 0.1, out, ws), kdist::NumericalError);
+  CHECK(ws.allocations() == grown);
+  check(n, kdist::InverseMethod::cholesky);
+
+  ws.release();
+  CHECK(ws.bytes() == 0);
+  check(5, kdist::InverseMethod::cholesky);
+  CHECK(ws.allocations() > grown);
 }
 
 TEST_CASE("estimate_clock_offset recovers a known offset within its bound", "[core][timer]") {

@@ -19,7 +19,6 @@
   } while (0)
 #define KDIST_CUSOLVER_CHECK(expr) KDIST_CUDA_STATUS_CHECK("cuSOLVER", expr, CUSOLVER_STATUS_SUCCESS)
 #define KDIST_CUBLAS_CHECK(expr) KDIST_CUDA_STATUS_CHECK("cuBLAS", expr, CUBLAS_STATUS_SUCCESS)
-#define KDIST_CUDA_CHECK(expr) KDIST_CUDA_STATUS_CHECK("CUDA", expr, cudaSuccess)
 
 namespace kdist {
 namespace impl {
@@ -51,13 +50,6 @@ Handles& handles() {
 
 cublasFillMode_t upper() {
   return CUBLAS_FILL_MODE_UPPER;
-}
-
-int read_info(const int* dev_info, cudaStream_t stream) {
-  int info = 0;
-  KDIST_CUDA_CHECK(cudaMemcpyAsync(&info, dev_info, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  KDIST_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return info;
 }
 
 void check_workspace(std::size_t have, std::size_t need, const char* op) {
@@ -128,7 +120,7 @@ std::size_t cholesky_inverse_workspace(int n, int lda, cudaStream_t stream) {
 }
 
 template <class T>
-int cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
+void cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
   Handles& h = handles();
   check_workspace(bytes, cholesky_inverse_workspace<T>(n, lda, stream), "kdist::cusolver::cholesky_inverse");
   std::lock_guard<std::mutex> lock(h.mutex);
@@ -136,10 +128,7 @@ int cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t bytes, i
   const int lw = static_cast<int>(bytes / sizeof(T));
   T* work = static_cast<T*>(workspace);
   KDIST_CUSOLVER_CHECK(potrf(h.solver, n, A, lda, work, lw, dev_info));
-  const int info = read_info(dev_info, stream);
-  if (info != 0) return info;
-  KDIST_CUSOLVER_CHECK(potri(h.solver, n, A, lda, work, lw, dev_info));
-  return read_info(dev_info, stream);
+  KDIST_CUSOLVER_CHECK(potri(h.solver, n, A, lda, work, lw, dev_info + 1));
 }
 
 template <class T>
@@ -154,14 +143,13 @@ std::size_t syevd_workspace(int n, int lda, cudaStream_t stream) {
 }
 
 template <class T>
-int syevd(T* A, int n, int lda, T* w, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
+void syevd(T* A, int n, int lda, T* w, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
   Handles& h = handles();
   check_workspace(bytes, syevd_workspace<T>(n, lda, stream), "kdist::cusolver::syevd");
   std::lock_guard<std::mutex> lock(h.mutex);
   KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
   KDIST_CUSOLVER_CHECK(
       syevd_run(h.solver, n, A, lda, w, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
-  return read_info(dev_info, stream);
 }
 
 template <class T>
@@ -173,11 +161,11 @@ void syrk(char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C, 
   KDIST_CUBLAS_CHECK(syrk_run(h.blas, op, n, k, &alpha, A, lda, &beta, C, ldc));
 }
 
-#define KDIST_INSTANTIATE_CUSOLVER(T)                                                     \
-  template std::size_t cholesky_inverse_workspace<T>(int, int, cudaStream_t);             \
-  template int cholesky_inverse<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t); \
-  template std::size_t syevd_workspace<T>(int, int, cudaStream_t);                        \
-  template int syevd<T>(T*, int, int, T*, void*, std::size_t, int*, cudaStream_t);        \
+#define KDIST_INSTANTIATE_CUSOLVER(T)                                                      \
+  template std::size_t cholesky_inverse_workspace<T>(int, int, cudaStream_t);              \
+  template void cholesky_inverse<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t); \
+  template std::size_t syevd_workspace<T>(int, int, cudaStream_t);                         \
+  template void syevd<T>(T*, int, int, T*, void*, std::size_t, int*, cudaStream_t);        \
   template void syrk<T>(char, int, int, T, const T*, int, T, T*, int, cudaStream_t);
 KDIST_INSTANTIATE_CUSOLVER(float)
 KDIST_INSTANTIATE_CUSOLVER(double)

@@ -3,6 +3,13 @@
 // size query) and includes no Kokkos, so it compiles and links wherever the CUDA toolkit is,
 // with or without a CUDA Kokkos (KDIST_CUDA_COMPILE_CHECK), and perf/gpu_smoke uses it directly.
 // The Kokkos side (CUDA builds) owns the workspace views and passes the Kokkos stream.
+//
+// Every call is asynchronous: it enqueues its work on `stream` and returns; LAPACK's info values
+// stay in device memory (`dev_info`) until the caller copies them back, together with whatever
+// else it needs, and synchronises once (kdist::spd_inverse reads them with the NaN/Inf count and
+// the extreme eigenvalues). The size queries and the handle binding do not synchronise.
+// Argument errors (a workspace smaller than its query) throw InvalidArgument; failed cuSOLVER /
+// cuBLAS / CUDA calls throw BackendError with the expression, file, line and status.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,20 +24,23 @@ namespace cusolver {
 template <class T>
 std::size_t cholesky_inverse_workspace(int n, int lda, cudaStream_t stream);
 
-/// In place: A (upper triangle, column-major, device) := inverse via potrf + potri. Enqueued on
-/// `stream`; synchronises the stream to read devInfo and returns it (0 = success, > 0 = the
-/// leading minor of that order is not positive definite). `dev_info` is one device int.
+/// In place: A (upper triangle, column-major, device) := inverse via potrf + potri, enqueued on
+/// `stream`. `dev_info` is two device ints: [0] := potrf's info (0 = success, k > 0 = the
+/// leading minor of order k is not positive definite), [1] := potri's. potri runs whatever potrf
+/// found, so read [0] first: when it is not 0, A and [1] are meaningless.
 template <class T>
-int cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t workspace_bytes, int* dev_info,
-                     cudaStream_t stream);
+void cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t workspace_bytes, int* dev_info,
+                      cudaStream_t stream);
 
 /// Bytes of device workspace syevd needs (eigenvalues and eigenvectors, upper triangle).
 template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream);
 
-/// In place: A := eigenvectors (columns), w := eigenvalues ascending. Returns devInfo.
+/// In place: A := eigenvectors (columns), w := eigenvalues ascending, dev_info[0] := info (one
+/// device int). Enqueued on `stream`.
 template <class T>
-int syevd(T* A, int n, int lda, T* w, void* workspace, std::size_t workspace_bytes, int* dev_info, cudaStream_t stream);
+void syevd(T* A, int n, int lda, T* w, void* workspace, std::size_t workspace_bytes, int* dev_info,
+           cudaStream_t stream);
 
 /// C (upper) := alpha op(A) op(A)^T + beta C; trans 'N' (A is n x k) or 'T' (A is k x n). Async.
 template <class T>
