@@ -21,11 +21,20 @@
 // where a rank is (sent by a stalled rank); REPLY answers. Every Engine keeps one receive posted
 // and tests it on every call.
 //
+// Backends: a step whose buffers are host memory (or device memory with GPU-aware MPI) is posted
+// on MPI; on NCCL builds a step with device buffers is enqueued on NCCL, on the caller's stream,
+// at the same point of the ordered stream, and completes when an event recorded after it does.
+// The NCCL communicator is bootstrapped over the payload wire when the Engine is made.
+//
 // Abandoned work: a request of a nonblocking collective may not be freed or cancelled (MPI 3.1
 // §5.12), so operations that can never complete (a peer failed) are moved to a process-wide list
 // that is never freed; MPI may still write into their buffers.
 #include <kdist/comm/engine.hpp>
 #include <kdist/core/phase.hpp>
+
+#if KDIST_ENABLE_NCCL
+#include <kdist/comm/impl/nccl_bootstrap.hpp>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -195,6 +204,9 @@ struct Operation {
   State state = State::ready;
   std::exception_ptr error;
   int tag_base = 0;
+#if KDIST_ENABLE_NCCL
+  std::unique_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
+#endif
 
   bool finished() const { return state == State::done || state == State::failed; }
   std::string describe() const {
@@ -227,6 +239,9 @@ struct EngineCore {
   MPI_Request ctrl_request = MPI_REQUEST_NULL;
   std::vector<std::pair<std::unique_ptr<CtrlMsg>, MPI_Request>> ctrl_out;
   std::vector<std::string> replies;
+#if KDIST_ENABLE_NCCL
+  std::unique_ptr<nccl::Comm> nccl;
+#endif
 
   explicit EngineCore(const Communicator& c) : comm(c) {}
 
@@ -460,8 +475,61 @@ void post_collective(EngineCore& c, const Schedule::Collective& k, const std::st
   }
 }
 
+#if KDIST_ENABLE_NCCL
+nccl::Reduce nccl_op(ReduceOp op) {
+  return op == ReduceOp::min ? nccl::Reduce::min : op == ReduceOp::max ? nccl::Reduce::max : nccl::Reduce::sum;
+}
+// Device buffers: the step's transfers and collective as one NCCL group on the caller's stream.
+void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
+  using K = Schedule::CollectiveKind;
+  if (s.collective.kind != K::none && s.collective.group.sub())
+    kdist::impl::throw_invalid("kdist::comm::Engine", "'" + op.what.label +
+                                                          "': a collective on a sub-group with device buffers needs "
+                                                          "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
+  auto stream = static_cast<cudaStream_t>(s.stream);
+  nccl::Comm& n = *c.nccl;
+  n.group_start();
+  for (const auto& t : s.transfers) {
+    if (t.is_send)
+      n.send(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
+    else
+      n.recv(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
+    ++c.stats.payload_calls;
+  }
+  const auto& k = s.collective;
+  switch (k.kind) {
+    case K::allreduce:
+      n.allreduce(k.out.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
+      break;
+    case K::reduce_scatter:
+      n.reduce_scatter(k.in.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
+      break;
+    case K::allgather:
+      n.allgather(k.in.data, k.out.data, k.in.count, k.in.dtype, stream);
+      break;
+    case K::broadcast:
+      n.broadcast(k.out.data, k.out.count, k.out.dtype, k.root, stream);
+      break;
+    case K::none:
+      break;
+  }
+  n.group_end();
+  if (k.kind != K::none) {
+    ++c.stats.payload_calls;
+    ++c.stats.collective_calls;
+    --op.collectives_left;
+  }
+  op.nccl_done.reset(new nccl::Event);
+  op.nccl_done->record(stream);
+  op.step_posted = true;
+}
+#endif
+
 void post_step(EngineCore& c, Operation& op, const Schedule::Step& s) {
   op.requests.clear();
+#if KDIST_ENABLE_NCCL
+  if (s.device()) return post_step_nccl(c, op, s);
+#endif
   for (const auto& t : s.transfers) {
     MPI_Request r;
     const int n = impl::as_count(t.buffer.count, op.what.label);
@@ -528,6 +596,12 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
     if (!op.requests.empty())
       c.ok(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &done, MPI_STATUSES_IGNORE),
            "MPI_Testall");
+#if KDIST_ENABLE_NCCL
+    if (op.nccl_done) {
+      if (!op.nccl_done->done()) break;
+      op.nccl_done.reset();
+    }
+#endif
     if (!done) break;
     run_local_work(c, op, s, op.step + 1 == steps.size());
     s = Schedule::Step{};  // release captured buffers early
@@ -651,6 +725,9 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   c.ok(MPI_Comm_get_attr(c.p2p, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr");
   const long long tag_ub = flag ? *static_cast<int*>(attr) : 32767;
   c.tag_blocks = static_cast<int>(std::max(2LL, (tag_ub + 1) / Schedule::kMaxTag));
+#if KDIST_ENABLE_NCCL
+  c.nccl = nccl::bootstrap(c.payload);  // collective, like the constructor
+#endif
   c.post_ctrl_recv();
 }
 
@@ -702,13 +779,18 @@ Request Engine::enqueue(OpDescription what, Schedule schedule) {
   if (c.finished)
     throw Error("kdist::comm::Engine: '" + what.label + "' submitted after finish() (rank " + std::to_string(c.rank) +
                 ")");
-  for (const auto& s : schedule.steps())
+  for (const auto& s : schedule.steps()) {
+    if (s.device() && !KDIST_ENABLE_NCCL && !KDIST_ENABLE_GPU_AWARE_MPI)
+      kdist::impl::throw_invalid("kdist::comm::Engine::submit",
+                                 "schedule '" + what.label + "' has device buffers, but this build has neither NCCL nor "
+                                 "GPU-aware MPI (stage them through host memory)");
     if (const Communicator* g = s.collective.group.sub())
       if (g->engine_id() != c.id)
         kdist::impl::throw_invalid("kdist::comm::Engine::submit",
                                    "schedule '" + what.label +
                                        "' runs a collective on a group that is not from this "
                                        "Engine (make groups with Engine::node_group / cross_node_group)");
+  }
   auto op = std::make_shared<Operation>();
   op->what = std::move(what);
   op->schedule = std::move(schedule);

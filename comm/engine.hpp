@@ -249,29 +249,45 @@ void Engine::check_blocks(const char* func, const VWhole& whole, const VBlock& b
 }
 
 namespace impl {
-/// The view the wire reads and writes: `v` itself when MPI can reach its memory (host memory,
-/// or any memory with KDIST_ENABLE_GPU_AWARE_MPI), else a host mirror filled from `v`. Fences
-/// the caller's instance so the producer's kernels are done before MPI reads.
+/// True when the wire takes V's memory as it is: host memory, or device memory with NCCL (on the
+/// caller's stream) or with KDIST_ENABLE_GPU_AWARE_MPI.
+template <class V>
+constexpr bool wire_reaches() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible ||
+         KDIST_ENABLE_GPU_AWARE_MPI || KDIST_ENABLE_NCCL;
+}
+/// The CUDA stream of a Kokkos instance (nullptr for host spaces): NCCL enqueues there.
+template <class Exec>
+void* stream_of(const Exec& exec) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) return static_cast<void*>(exec.cuda_stream());
+#endif
+  (void)exec;
+  return nullptr;
+}
+/// The view the wire reads and writes: `v` itself when the wire reaches its memory, else a host
+/// mirror filled from `v`. MPI reads after a fence of the caller's instance; NCCL needs none (it
+/// runs on the instance's stream, after the producer).
 template <class Exec, class V>
 auto stage_in(const Exec& exec, const V& v) {
-#if KDIST_ENABLE_GPU_AWARE_MPI
-  compat::fence(exec, "kdist::comm: producer done before MPI");
-  return v;
-#else
-  auto h = Kokkos::create_mirror_view(v);
-  Kokkos::deep_copy(exec, h, v);
-  compat::fence(exec, "kdist::comm: producer done before MPI");
-  return h;
-#endif
+  if constexpr (wire_reaches<V>()) {
+    if (!KDIST_ENABLE_NCCL || Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible)
+      compat::fence(exec, "kdist::comm: producer done before MPI");
+    return v;
+  } else {
+    auto h = Kokkos::create_mirror_view(v);
+    Kokkos::deep_copy(exec, h, v);
+    compat::fence(exec, "kdist::comm: producer done before MPI");
+    return h;
+  }
 }
-/// Host-side wire view for an output (no copy in).
+/// Wire view for an output (no copy in).
 template <class V>
 auto stage_out(const V& v) {
-#if KDIST_ENABLE_GPU_AWARE_MPI
-  return v;
-#else
-  return Kokkos::create_mirror_view(v);
-#endif
+  if constexpr (wire_reaches<V>())
+    return v;
+  else
+    return Kokkos::create_mirror_view(v);
 }
 /// After a reduction: divide by the rank count for an average, then copy the wire view to `dst`
 /// (asynchronously on `exec` when they differ).
@@ -299,7 +315,7 @@ Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string
   auto w = impl::stage_in(exec, v);
   const int size = size_;
   Schedule s(label);
-  s.step().allreduce(Group::all(), Buffer::of(w), op).then([w, v, op, size, exec] {
+  s.step().on_stream(impl::stream_of(exec)).allreduce(Group::all(), Buffer::of(w), op).then([w, v, op, size, exec] {
     impl::finish_reduction(exec, w, v, op, size);
   });
   return enqueue({OpKind::allreduce, dtype_of<T>(), static_cast<long long>(v.extent(0)), -1, op, std::move(label),
@@ -317,7 +333,7 @@ Request Engine::broadcast(const Exec& exec, const V& v, int root, std::string la
         "root " + std::to_string(root) + " is not a rank of " + std::to_string(size_) + " (label '" + label + "')");
   auto w = impl::stage_in(exec, v);
   Schedule s(label);
-  s.step().broadcast(Group::all(), Buffer::of(w), root).then([w, v, exec] {
+  s.step().on_stream(impl::stream_of(exec)).broadcast(Group::all(), Buffer::of(w), root).then([w, v, exec] {
     if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
   });
   return enqueue({OpKind::broadcast,
@@ -338,7 +354,7 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   auto win = impl::stage_in(exec, in);
   auto wout = impl::stage_out(out);
   Schedule s(label);
-  s.step().reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op).then([win, wout, out, op, size, exec] {
+  s.step().on_stream(impl::stream_of(exec)).reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op).then([win, wout, out, op, size, exec] {
     impl::finish_reduction(exec, wout, out, op, size);
   });
   return enqueue(
@@ -353,7 +369,7 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
   auto win = impl::stage_in(exec, in);
   auto wout = impl::stage_out(out);
   Schedule s(label);
-  s.step().allgather(Group::all(), Buffer::of(win), Buffer::of(wout)).then([win, wout, out, exec] {
+  s.step().on_stream(impl::stream_of(exec)).allgather(Group::all(), Buffer::of(win), Buffer::of(wout)).then([win, wout, out, exec] {
     if (wout.data() != out.data()) Kokkos::deep_copy(exec, out, wout);
   });
   return enqueue(
@@ -367,7 +383,7 @@ Request Engine::send(const Exec& exec, const V& v, int dest, int tag, std::strin
   using T = typename V::non_const_value_type;
   auto w = impl::stage_in(exec, v);
   Schedule s(label);
-  s.step().send(dest, Buffer::of(w), tag).then([w] {});  // keeps the wire buffer alive until sent
+  s.step().on_stream(impl::stream_of(exec)).send(dest, Buffer::of(w), tag).then([w] {});  // keeps the wire buffer alive until sent
   return enqueue(
       {OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), dest, ReduceOp::sum, std::move(label), {}},
       std::move(s));
@@ -379,7 +395,7 @@ Request Engine::recv(const Exec& exec, const V& v, int source, int tag, std::str
   using T = typename V::non_const_value_type;
   auto w = impl::stage_out(v);
   Schedule s(label);
-  s.step().recv(source, Buffer::of(w), tag).then([w, v, exec] {
+  s.step().on_stream(impl::stream_of(exec)).recv(source, Buffer::of(w), tag).then([w, v, exec] {
     if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
   });
   return enqueue(

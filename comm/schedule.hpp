@@ -39,17 +39,20 @@ struct Buffer {
   void* data = nullptr;
   std::size_t count = 0;
   DType dtype = DType::bytes;
+  bool device = false;  ///< not host-accessible: NCCL (or GPU-aware MPI) moves it
 
   template <class T>
   static Buffer host(T* p, std::size_t n) {
-    return {const_cast<void*>(static_cast<const void*>(p)), n, dtype_of<T>()};
+    return {const_cast<void*>(static_cast<const void*>(p)), n, dtype_of<T>(), false};
   }
   template <class V>
   static Buffer of(const V& v) {
     static_assert(Kokkos::is_view<V>::value && compat::view_rank<V>() == 1, "kdist::comm::Buffer: rank-1 view");
     if (!v.span_is_contiguous())
       kdist::impl::throw_invalid("kdist::comm::Buffer", "view '" + v.label() + "' must be contiguous");
-    return host(v.data(), v.extent(0));
+    Buffer b = host(v.data(), v.extent(0));
+    b.device = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible;
+    return b;
   }
 };
 
@@ -87,6 +90,12 @@ class Schedule {
     std::vector<Transfer> transfers;
     Collective collective;
     std::function<void()> local_work;
+    void* stream = nullptr;  ///< CUDA stream of the caller's instance, for device buffers
+    bool device() const {
+      bool d = collective.out.device || collective.in.device;
+      for (const auto& t : transfers) d = d || t.buffer.device;
+      return d;
+    }
   };
 
   explicit Schedule(std::string label = "composite") : label_(std::move(label)) {}
@@ -112,6 +121,12 @@ class Schedule {
   }
   Schedule& broadcast(Group group, Buffer inout, int root) {
     return collective({CollectiveKind::broadcast, group, {}, inout, ReduceOp::sum, root});
+  }
+  /// Device buffers of this step are enqueued on `stream` (the caller's instance's CUDA stream),
+  /// after the kernels that produced them.
+  Schedule& on_stream(void* stream) {
+    current().stream = stream;
+    return *this;
   }
   /// Local work after this step's transfers complete (plain loops or kernels on the caller's
   /// thread). An exception from the last step fails the operation on this rank only (peers

@@ -26,7 +26,36 @@ namespace nccl {
 
 namespace {
 ncclDataType_t to_nccl(DType d) {
-  return d == DType::float32 ? ncclFloat32 : ncclFloat64;
+  switch (d) {
+    case DType::float32:
+      return ncclFloat32;
+    case DType::float64:
+      return ncclFloat64;
+    case DType::int32:
+      return ncclInt32;
+    case DType::int64:
+      return ncclInt64;
+    case DType::bytes:
+      return ncclInt8;
+  }
+  return ncclInt8;
+}
+ncclRedOp_t to_nccl(Reduce op) {
+  switch (op) {
+    case Reduce::sum:
+      return ncclSum;
+    case Reduce::average:
+      return ncclAvg;
+    case Reduce::min:
+      return ncclMin;
+    case Reduce::max:
+      return ncclMax;
+  }
+  return ncclSum;
+}
+void check_cuda(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw BackendError(std::string("kdist::comm::nccl: ") + what + " failed: " + cudaGetErrorString(rc));
 }
 }  // namespace
 
@@ -55,10 +84,17 @@ Comm::~Comm() {
 
 void Comm::allreduce(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream) {
   KDIST_NCCL_CHECK(
-      ncclAllReduce(send, recv, count, to_nccl(dtype), op == Reduce::sum ? ncclSum : ncclAvg, impl_->comm, stream));
+      ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), impl_->comm, stream));
 }
 void Comm::broadcast(void* buffer, std::size_t count, DType dtype, int root, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, to_nccl(dtype), root, impl_->comm, stream));
+}
+void Comm::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduce op,
+                          cudaStream_t stream) {
+  KDIST_NCCL_CHECK(ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op), impl_->comm, stream));
+}
+void Comm::allgather(const void* send, void* recv, std::size_t count, DType dtype, cudaStream_t stream) {
+  KDIST_NCCL_CHECK(ncclAllGather(send, recv, count, to_nccl(dtype), impl_->comm, stream));
 }
 void Comm::send(const void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclSend(buffer, count, to_nccl(dtype), peer, impl_->comm, stream));
@@ -66,6 +102,18 @@ void Comm::send(const void* buffer, std::size_t count, DType dtype, int peer, cu
 void Comm::recv(void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclRecv(buffer, count, to_nccl(dtype), peer, impl_->comm, stream));
 }
+Event::Event() { check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+Event::~Event() {
+  if (event_) cudaEventDestroy(event_);
+}
+void Event::record(cudaStream_t stream) { check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord"); }
+bool Event::done() const {
+  const cudaError_t rc = cudaEventQuery(event_);
+  if (rc == cudaErrorNotReady) return false;
+  check_cuda(rc, "cudaEventQuery");
+  return true;
+}
+
 void Comm::group_start() {
   KDIST_NCCL_CHECK(ncclGroupStart());
 }

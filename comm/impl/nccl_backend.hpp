@@ -1,9 +1,12 @@
-// NCCL calls behind kdist's device-buffer collectives. Like the cuSOLVER unit it includes no
-// Kokkos and no MPI: the unique id is bootstrapped by the caller (over MPI in comm/, locally in
-// perf/gpu_smoke), every call takes the Kokkos stream, and every status is checked.
+// NCCL calls behind the Engine's device-buffer steps (the NCCL backend of comm/engine.cpp). Like
+// the cuSOLVER unit it includes no Kokkos and no MPI: the unique id is bootstrapped by the caller
+// (over the Engine's MPI wire in comm/, locally in perf/gpu_smoke), every call takes the Kokkos
+// instance's stream, and every status is checked. Completion is observed through an Event
+// recorded on that stream after the calls, so the Engine polls it like an MPI request.
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <kdist/core/dtype.hpp>
 
 #include <array>
 #include <cstddef>
@@ -13,8 +16,22 @@ namespace kdist {
 namespace comm {
 namespace nccl {
 
-enum class DType { float32, float64 };
-enum class Reduce { sum, average };
+using kdist::DType;
+enum class Reduce { sum, average, min, max };
+
+/// A CUDA event recorded on a stream: done() once every call enqueued before record() finished.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t stream);
+  bool done() const;
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
 
 /// Opaque 128-byte ncclUniqueId, created on one rank and broadcast by the caller.
 using UniqueId = std::array<char, 128>;
@@ -32,6 +49,10 @@ class Comm {
 
   void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream);
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, cudaStream_t stream);
+  /// recv (count) := this rank's block of the reduction of send (count x size()).
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream);
+  /// recv (count x size()) := every rank's send (count).
+  void allgather(const void* send, void* recv, std::size_t count, DType dtype, cudaStream_t stream);
   void send(const void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream);
   void recv(void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream);
   /// Groups the sends/recvs issued in between into one NCCL launch (pairwise exchanges).
