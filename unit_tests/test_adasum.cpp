@@ -1,4 +1,6 @@
 // adasum/: the operator (serial) and the distributed all-reduce against the documented tree.
+// combine() and allreduce() run on TestExec over TestMem views (test_space.hpp); inputs and the
+// serial references are built on the host.
 #include <catch2/catch.hpp>
 #include <kdist/adasum/allreduce.hpp>
 
@@ -10,8 +12,11 @@
 #include <type_traits>
 
 #include "adasum_reference.hpp"
+#include "test_space.hpp"
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::TestExec;
+using kdist_test::TestVector;
+using kdist_test::to_host;
 using kdist_test::Vec;
 namespace adasum = kdist::adasum;
 
@@ -23,29 +28,40 @@ std::vector<std::size_t> bounds_of(const std::vector<std::size_t>& sizes) {
   return b;
 }
 
+/// A TestMem vector holding x rounded to T.
 template <class T>
-Kokkos::View<T*, Kokkos::HostSpace> view_of(const Vec& x) {
-  Kokkos::View<T*, Kokkos::HostSpace> v("x", x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) v(i) = static_cast<T>(x[i]);
+TestVector<T> view_of(const Vec& x, const std::string& label = "x") {
+  TestVector<T> v(label, x.size());
+  kdist_test::fill(v, [&x](std::size_t i) { return x[i]; });
   return v;
 }
 
+/// A TestMem vector of n elements, element i = f(i) (built on the host).
+template <class T, class F>
+TestVector<T> view_from(const std::string& label, std::size_t n, F f) {
+  TestVector<T> v(label, n);
+  kdist_test::fill(v, f);
+  return v;
+}
+
+/// The values of a TestMem vector, read through a host mirror.
 template <class T>
-Vec vec_of(const Kokkos::View<T*, Kokkos::HostSpace>& v) {
-  Vec x(v.extent(0));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(v(i));
+Vec vec_of(const TestVector<T>& v) {
+  const auto h = to_host(v);
+  Vec x(h.extent(0));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(h(i));
   return x;
 }
 
 /// Balanced tree of the kdist operator over many vectors (serial).
 template <class T>
 Vec operator_tree(std::vector<Vec> xs, const std::vector<std::size_t>& bounds) {
-  std::vector<Kokkos::View<T*, Kokkos::HostSpace>> level;
+  std::vector<TestVector<T>> level;
   for (auto& x : xs) level.push_back(view_of<T>(x));
   while (level.size() > 1) {
     decltype(level) next;
     for (std::size_t i = 0; i + 1 < level.size(); i += 2) {
-      adasum::combine(Host(), level[i], level[i + 1], bounds);
+      adasum::combine(TestExec(), level[i], level[i + 1], bounds);
       next.push_back(level[i]);
     }
     if (level.size() % 2) next.push_back(level.back());
@@ -72,7 +88,7 @@ TEST_CASE("operator equals the reference pair tensor by tensor", "[adasum][opera
   const auto bounds = bounds_of({5, 0, 1, 300, 2});
   const Vec a = input<double>(0, bounds.back(), 3), b = input<double>(1, bounds.back(), 3);
   auto va = view_of<double>(a), vb = view_of<double>(b);
-  adasum::combine(Host(), va, vb, bounds);
+  adasum::combine(TestExec(), va, vb, bounds);
   CHECK(kdist_test::rel_l2(vec_of(va), kdist_test::adasum_pair(a, b, bounds)) < 1e-15);
   // Per tensor, not per buffer: treating the buffer as one vector gives something else.
   CHECK(kdist_test::rel_l2(vec_of(va), kdist_test::adasum_pair(a, b, {0, bounds.back()})) > 1e-3);
@@ -127,10 +143,10 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
   const auto bounds = bounds_of({3, 1, 0, 4});
   const Vec zero(8, 0.0), b = input<double>(1, 8, 9);
   auto v0 = view_of<double>(zero), vb = view_of<double>(b);
-  adasum::combine(Host(), v0, vb, bounds);
+  adasum::combine(TestExec(), v0, vb, bounds);
   CHECK(vec_of(v0) == b);  // Adasum(0, b) = b
   auto z1 = view_of<double>(zero), z2 = view_of<double>(zero);
-  adasum::combine(Host(), z1, z2, bounds);
+  adasum::combine(TestExec(), z1, z2, bounds);
   CHECK(vec_of(z1) == zero);  // Adasum(0, 0) = 0
   // 300 tiny tensors fused in one buffer == each combined on its own.
   std::vector<std::size_t> sizes;
@@ -138,11 +154,11 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
   const auto fb = bounds_of(sizes);
   const Vec a = input<double>(2, fb.back(), 4), c = input<double>(3, fb.back(), 4);
   auto fa = view_of<double>(a), fc = view_of<double>(c);
-  adasum::combine(Host(), fa, fc, fb);
+  adasum::combine(TestExec(), fa, fc, fb);
   CHECK(kdist_test::rel_l2(vec_of(fa), kdist_test::adasum_pair(a, c, fb)) < 1e-15);
-  Kokkos::View<double*, Kokkos::HostSpace> e1("e1", 8), e2("e2", 7);
-  REQUIRE_THROWS_AS(adasum::combine(Host(), e1, e2, bounds), kdist::InvalidArgument);
-  REQUIRE_THROWS_WITH(adasum::combine(Host(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
+  TestVector<double> e1("e1", 8), e2("e2", 7);
+  REQUIRE_THROWS_AS(adasum::combine(TestExec(), e1, e2, bounds), kdist::InvalidArgument);
+  REQUIRE_THROWS_WITH(adasum::combine(TestExec(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
 }
 
 // ---- the distributed all-reduce ----------------------------------------------------------------
@@ -160,7 +176,7 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
   for (int r = 0; r < P; ++r) all.push_back(input<T>(r, n, seed));
   auto v = view_of<T>(all[static_cast<std::size_t>(me)]);
   adasum::AdasumCounters cnt;
-  adasum::allreduce(Host(), eng, v, bounds, {}, topo, &cnt).wait();
+  adasum::allreduce(TestExec(), eng, v, bounds, {}, topo, &cnt).wait();
 
   Vec ref;
   if (topo) {  // Adasum over node averages
@@ -179,13 +195,14 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
   INFO("P " << P << " n " << n << " tensors " << sizes.size() << (topo ? " hierarchical" : " flat"));
   CHECK(kdist_test::rel_l2(vec_of(v), ref) <= 100 * std::numeric_limits<T>::epsilon());
 
-  // Bit-identical on every rank.
+  // Bit-identical on every rank (compared through host copies: MPI reads host memory here).
+  const auto mine = to_host(v);
   std::vector<T> everyone(n * static_cast<std::size_t>(P));
-  MPI_Allgather(v.data(), static_cast<int>(n * sizeof(T)), MPI_BYTE, everyone.data(), static_cast<int>(n * sizeof(T)),
-                MPI_BYTE, MPI_COMM_WORLD);
+  MPI_Allgather(mine.data(), static_cast<int>(n * sizeof(T)), MPI_BYTE, everyone.data(),
+                static_cast<int>(n * sizeof(T)), MPI_BYTE, MPI_COMM_WORLD);
   bool identical = true;
   for (int r = 0; r < P; ++r)
-    identical = identical && std::memcmp(everyone.data() + r * n, v.data(), n * sizeof(T)) == 0;
+    identical = identical && std::memcmp(everyone.data() + r * n, mine.data(), n * sizeof(T)) == 0;
   CHECK(identical);
 
   if (!topo) {
@@ -220,22 +237,21 @@ TEST_CASE("Adasum of orthogonal inputs is their sum; of parallel inputs, their m
   const int P = world.size(), me = world.rank();
   const std::size_t n = 64;
   // Orthogonal: disjoint supports.
-  Kokkos::View<double*, Kokkos::HostSpace> o("o", n);
-  for (std::size_t i = 0; i < n; ++i) o(i) = static_cast<int>(i % P) == me ? 1.0 + me : 0.0;
-  adasum::allreduce(Host(), eng, o, {0, n}).wait();
+  auto o = view_from<double>("o", n, [P, me](std::size_t i) { return static_cast<int>(i % P) == me ? 1.0 + me : 0.0; });
+  adasum::allreduce(TestExec(), eng, o, {0, n}).wait();
+  const Vec ho = vec_of(o);
   double err = 0;
-  for (std::size_t i = 0; i < n; ++i) err = std::max(err, std::abs(o(i) - (1.0 + static_cast<double>(i % P))));
+  for (std::size_t i = 0; i < n; ++i) err = std::max(err, std::abs(ho[i] - (1.0 + static_cast<double>(i % P))));
   CHECK(err < 1e-14);
   // Parallel: x_r = (r + 1) u.
-  Kokkos::View<double*, Kokkos::HostSpace> p("p", n);
   std::vector<Vec> all;
   for (int r = 0; r < P; ++r) {
     Vec x(n);
     for (std::size_t i = 0; i < n; ++i) x[i] = (r + 1) * (1.0 + 0.5 * static_cast<double>(i % 3));
     all.push_back(x);
   }
-  for (std::size_t i = 0; i < n; ++i) p(i) = all[static_cast<std::size_t>(me)][i];
-  adasum::allreduce(Host(), eng, p, {0, n}).wait();
+  auto p = view_of<double>(all[static_cast<std::size_t>(me)], "p");
+  adasum::allreduce(TestExec(), eng, p, {0, n}).wait();
   const Vec ref = kdist_test::adasum_tree(all, {0, n});
   CHECK(kdist_test::rel_l2(vec_of(p), ref) < 1e-14);
   if ((P & (P - 1)) == 0) {  // power of two: the plain mean
@@ -259,8 +275,8 @@ TEST_CASE("hierarchical Adasum equals Adasum over node averages and differs from
     const std::vector<std::size_t> b{0, 50};
     auto h = view_of<double>(input<double>(world.rank(), 50, 11));
     auto f = view_of<double>(input<double>(world.rank(), 50, 11));
-    adasum::allreduce(Host(), eng, h, b, {}, &topo).wait();
-    adasum::allreduce(Host(), eng, f, b).wait();
+    adasum::allreduce(TestExec(), eng, h, b, {}, &topo).wait();
+    adasum::allreduce(TestExec(), eng, f, b).wait();
     CHECK(kdist_test::rel_l2(vec_of(h), vec_of(f)) > 1e-3);
   }
   if (P >= 4) REQUIRE_THROWS_WITH(adasum::Topology(eng, P - 1), Catch::Contains("does not divide"));
@@ -273,12 +289,14 @@ TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the r
   for (bool hier : {false, true}) {
     if (hier && P % 2 != 0) continue;
     std::unique_ptr<adasum::Topology> topo(hier ? new adasum::Topology(eng, 2) : nullptr);
-    Kokkos::View<float*, Kokkos::HostSpace> v("v", 30);
-    Kokkos::deep_copy(v, 1.0f);
-    if (me == P - 1) v(12) = std::numeric_limits<float>::quiet_NaN();
-    if (me == 0 && P > 1) v(25) = std::numeric_limits<float>::infinity();
+    auto v = view_from<float>("v", 30, [P, me](std::size_t i) {
+      if (me == P - 1 && i == 12) return std::numeric_limits<float>::quiet_NaN();
+      if (me == 0 && P > 1 && i == 25) return std::numeric_limits<float>::infinity();
+      return 1.0f;
+    });
     try {
-      adasum::allreduce(Host(), eng, v, {0, 10, 20, 30}, {"fc1.weight", "fc1.bias", "fc2.weight"}, topo.get()).wait();
+      adasum::allreduce(TestExec(), eng, v, {0, 10, 20, 30}, {"fc1.weight", "fc1.bias", "fc2.weight"}, topo.get())
+          .wait();
       FAIL("no error");
     } catch (const adasum::NonFiniteError& e) {
       // The first bad tensor is fc1.bias (index 1) on rank P-1.
@@ -287,11 +305,11 @@ TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the r
   }
   // The NaN on each rank in turn (folded-away ranks included): that rank is named.
   for (int culprit = 0; culprit < P; ++culprit) {
-    Kokkos::View<double*, Kokkos::HostSpace> v("v", 30);
-    Kokkos::deep_copy(v, 2.0 + me);
-    if (me == culprit) v(29) = std::numeric_limits<double>::quiet_NaN();
+    auto v = view_from<double>("v", 30, [me, culprit](std::size_t i) {
+      return me == culprit && i == 29 ? std::numeric_limits<double>::quiet_NaN() : 2.0 + me;
+    });
     INFO("culprit " << culprit);
-    REQUIRE_THROWS_WITH(adasum::allreduce(Host(), eng, v, {0, 10, 20, 30}, {"a", "b", "c"}).wait(),
+    REQUIRE_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, {0, 10, 20, 30}, {"a", "b", "c"}).wait(),
                         Catch::Contains("in 'c' (10 elements) on rank " + std::to_string(culprit) + ";"));
   }
 }

@@ -1,4 +1,6 @@
-// adasum/: delta optimizer and the gradient-reduction option, against serial references.
+// adasum/: delta optimizer and the gradient-reduction option, against serial references. The
+// optimizer, its local SGD step and the fused reductions run on TestExec over TestMem views
+// (test_space.hpp); inputs and references are built on the host.
 #include <catch2/catch.hpp>
 #include <kdist/adasum/delta_optimizer.hpp>
 #include <kdist/adasum/gradient_reduction.hpp>
@@ -6,11 +8,14 @@
 #include <random>
 
 #include "adasum_reference.hpp"
+#include "test_space.hpp"
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::TestExec;
+using kdist_test::TestMem;
+using kdist_test::to_host;
 using kdist_test::Vec;
 namespace adasum = kdist::adasum;
-using Param = adasum::DeltaOptimizer<double>::Param;
+using Param = adasum::DeltaOptimizer<double, TestMem>::Param;
 
 namespace {
 Vec random_vec(std::size_t n, unsigned seed) {
@@ -21,14 +26,25 @@ Vec random_vec(std::size_t n, unsigned seed) {
   return v;
 }
 Param param(const std::string& label, const Vec& v) {
-  Param p(label, v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) p(i) = v[i];
-  return p;
+  return kdist_test::device_vector(label, v);
 }
-// The user's optimizer: SGD with momentum-free update p -= lr g.
-void sgd(const std::vector<Param>& ps, const std::vector<Param>& gs, double lr) {
-  for (std::size_t k = 0; k < ps.size(); ++k)
-    for (std::size_t i = 0; i < ps[k].extent(0); ++i) ps[k](i) -= lr * gs[k](i);
+// The user's optimizer: SGD with momentum-free update p -= lr g, a kernel on `exec`.
+void sgd(const TestExec& exec, const std::vector<Param>& ps, const std::vector<Param>& gs, double lr) {
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    const Param p = ps[k], g = gs[k];
+    Kokkos::parallel_for(
+        "test::sgd", Kokkos::RangePolicy<TestExec>(exec, 0, p.extent(0)),
+        KOKKOS_LAMBDA(const std::size_t i) { p(i) -= lr * g(i); });
+  }
+}
+/// Every parameter's values, concatenated, read through host mirrors.
+Vec concat(const std::vector<Param>& ps) {
+  Vec out;
+  for (const Param& p : ps) {
+    const auto h = to_host(p);
+    for (std::size_t i = 0; i < h.extent(0); ++i) out.push_back(h(i));
+  }
+  return out;
 }
 }  // namespace
 
@@ -46,9 +62,7 @@ TEST_CASE("delta optimizer: start + Adasum(p_local - start), the plain step at o
   // Reference: every rank's delta is -lr g_r; the result is start + tree(deltas).
   std::vector<std::size_t> bounds{0};
   for (auto s : sizes) bounds.push_back(bounds.back() + s);
-  Vec start;
-  for (std::size_t k = 0; k < sizes.size(); ++k)
-    for (std::size_t i = 0; i < sizes[k]; ++i) start.push_back(ps[k](i));
+  const Vec start = concat(ps);
   std::vector<Vec> deltas;
   for (int r = 0; r < P; ++r) {
     Vec d;
@@ -60,11 +74,10 @@ TEST_CASE("delta optimizer: start + Adasum(p_local - start), the plain step at o
   }
   const Vec tree = kdist_test::adasum_tree(deltas, bounds);
 
-  adasum::DeltaOptimizer<double, Kokkos::HostSpace> opt(eng, ps);
-  opt.step(Host(), gs, [&] { sgd(ps, gs, lr); });
-  Vec got, want;
-  for (std::size_t k = 0; k < sizes.size(); ++k)
-    for (std::size_t i = 0; i < sizes[k]; ++i) got.push_back(ps[k](i));
+  adasum::DeltaOptimizer<double, TestMem> opt(eng, ps);
+  opt.step(TestExec(), gs, [&] { sgd(TestExec(), ps, gs, lr); });
+  const Vec got = concat(ps);
+  Vec want;
   for (std::size_t j = 0; j < start.size(); ++j) want.push_back(start[j] + tree[j]);
   CHECK(kdist_test::rel_l2(got, want) < 1e-14);
   if (P == 1) {
@@ -79,47 +92,49 @@ TEST_CASE("delta optimizer clips the gradients before the local step", "[adasum]
   kdist::comm::Engine eng(world);
   std::vector<Param> ps{param("w", Vec(4, 1.0))}, gs{param("g", Vec{3.0, 4.0, 0.0, 0.0})};  // |g| = 5
   std::vector<double> seen;
-  adasum::DeltaOptimizer<double, Kokkos::HostSpace> opt(eng, ps);
+  adasum::DeltaOptimizer<double, TestMem> opt(eng, ps);
   opt.step(
-      Host(), gs,
+      TestExec(), gs,
       [&] {
-        seen = {gs[0](0), gs[0](1)};
-        sgd(ps, gs, 1.0);
+        const auto g = to_host(gs[0]);  // the clipped gradients the local step sees
+        seen = {g(0), g(1)};
+        sgd(TestExec(), ps, gs, 1.0);
       },
       /*max_grad_norm=*/1.0);
   REQUIRE(seen.size() == 2);
   CHECK(seen[0] == Approx(0.6));
   CHECK(seen[1] == Approx(0.8));
   // Every rank took the same step, so Adasum of identical deltas is that delta.
-  CHECK(ps[0](0) == Approx(0.4));
-  CHECK(ps[0](1) == Approx(0.2));
-  CHECK(ps[0](2) == 1.0);
+  const auto p = to_host(ps[0]);
+  CHECK(p(0) == Approx(0.4));
+  CHECK(p(1) == Approx(0.2));
+  CHECK(p(2) == 1.0);
 }
 
 TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllreducer", "[adasum][fusion]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
   const int P = world.size(), me = world.rank();
-  using FA = kdist::comm::FusedAllreducer<double, Kokkos::HostSpace>;
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
   const std::vector<FA::Tensor> specs{{"conv.w", 30, false}, {"conv.b", 3, false}, {"fc.w", 50, false}};
   std::vector<std::size_t> bounds{0, 30, 33, 83};
   std::vector<Vec> inputs;
   for (int r = 0; r < P; ++r) inputs.push_back(random_vec(83, 7 + r));
   for (auto mode :
        {adasum::GradientReduction::sum, adasum::GradientReduction::average, adasum::GradientReduction::adasum}) {
-    FA fused(eng, specs, adasum::make_reduction<double, Kokkos::HostSpace>(mode));
+    FA fused(eng, specs, adasum::make_reduction<double, TestMem>(mode));
     fused.set_plan(kdist::comm::plan_threshold({{240, 0}, {24, 0}, {400, 0}}, 300));
     std::vector<FA::Vector> ts;
     fused.begin();
     for (std::size_t t = 0; t < specs.size(); ++t) {
       ts.emplace_back(specs[t].label, specs[t].dim);
-      for (std::size_t i = 0; i < specs[t].dim; ++i) ts[t](i) = inputs[static_cast<std::size_t>(me)][bounds[t] + i];
-      fused.ready(Host(), static_cast<int>(t), ts[t]);
+      const Vec& mine = inputs[static_cast<std::size_t>(me)];
+      const std::size_t off = bounds[t];
+      kdist_test::fill(ts[t], [&mine, off](std::size_t i) { return mine[off + i]; });
+      fused.ready(TestExec(), static_cast<int>(t), ts[t]);
     }
-    fused.wait(Host());
-    Vec got;
-    for (const auto& t : ts)
-      for (std::size_t i = 0; i < t.extent(0); ++i) got.push_back(t(i));
+    fused.wait(TestExec());
+    const Vec got = concat(ts);
     Vec want(83, 0.0);
     if (mode == adasum::GradientReduction::adasum) {
       want = kdist_test::adasum_tree(inputs, bounds);  // per tensor, across the fusion groups too

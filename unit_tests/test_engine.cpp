@@ -1,4 +1,6 @@
-// comm/: Communicator and Engine against references computed from every rank's inputs.
+// comm/: Communicator and Engine against references computed from every rank's inputs. Every
+// operation runs on TestExec with TestMem views (test_space.hpp); the composite schedule, whose
+// buffers are raw host scratch and whose local work runs on the caller's thread, stays on the host.
 #include <catch2/catch.hpp>
 #include <kdist/comm/engine.hpp>
 
@@ -6,16 +8,27 @@
 #include <numeric>
 #include <thread>
 
-using Host = Kokkos::DefaultHostExecutionSpace;
+#include "test_space.hpp"
+
 using kdist::comm::Communicator;
 using kdist::comm::Engine;
 using kdist::comm::ReduceOp;
+using kdist_test::TestExec;
+using kdist_test::TestVector;
+using kdist_test::to_host;
 
 namespace {
 // Small integers: sums are exact in float and double.
 template <class T>
 T value(int rank, long long i) {
   return static_cast<T>((rank + 1) * 3 + (i % 17) - 8);
+}
+/// A TestMem vector of n elements, element i = f(i) (built on the host).
+template <class T, class F>
+TestVector<T> vector_of(const std::string& label, long long n, F f) {
+  TestVector<T> v(label, static_cast<std::size_t>(n));
+  kdist_test::fill(v, f);
+  return v;
 }
 }  // namespace
 
@@ -27,42 +40,44 @@ TEMPLATE_TEST_CASE("engine collectives equal references built from all ranks' in
   const int P = world.size(), me = world.rank();
   for (long long n : {1LL, 7LL, 1000LL, 100003LL}) {
     INFO("n " << n);
-    Kokkos::View<T*, Kokkos::HostSpace> sum("sum", n), avg("avg", n), bc("bc", n);
-    for (long long i = 0; i < n; ++i) sum(i) = avg(i) = bc(i) = value<T>(me, i);
-    auto r1 = eng.allreduce(Host(), sum, ReduceOp::sum, "sum");
-    auto r2 = eng.allreduce(Host(), avg, ReduceOp::average, "avg");
-    auto r3 = eng.broadcast(Host(), bc, P - 1, "bcast");
+    const auto mine_at = [me](long long i) { return value<T>(me, i); };
+    auto sum = vector_of<T>("sum", n, mine_at), avg = vector_of<T>("avg", n, mine_at),
+         bc = vector_of<T>("bc", n, mine_at);
+    auto r1 = eng.allreduce(TestExec(), sum, ReduceOp::sum, "sum");
+    auto r2 = eng.allreduce(TestExec(), avg, ReduceOp::average, "avg");
+    auto r3 = eng.broadcast(TestExec(), bc, P - 1, "bcast");
     r3.wait();  // out of order on purpose
     r1.wait();
     r2.wait();
+    const auto hsum = to_host(sum), havg = to_host(avg), hbc = to_host(bc);
     bool ok_sum = true, ok_bc = true;
     double worst_avg = 0;
     for (long long i = 0; i < n; ++i) {
       double ref = 0;
       for (int r = 0; r < P; ++r) ref += value<double>(r, i);
-      ok_sum = ok_sum && static_cast<double>(sum(i)) == ref;
+      ok_sum = ok_sum && static_cast<double>(hsum(i)) == ref;
       worst_avg =
-          std::max(worst_avg, std::abs(static_cast<double>(avg(i)) - ref / P) / std::max(1.0, std::abs(ref / P)));
-      ok_bc = ok_bc && bc(i) == value<T>(P - 1, i);
+          std::max(worst_avg, std::abs(static_cast<double>(havg(i)) - ref / P) / std::max(1.0, std::abs(ref / P)));
+      ok_bc = ok_bc && hbc(i) == value<T>(P - 1, i);
     }
     CHECK(ok_sum);
     CHECK(worst_avg <= 1e-6);
     CHECK(ok_bc);
 
-    Kokkos::View<T*, Kokkos::HostSpace> in("in", n * P), out("out", n), gathered("gathered", n * P);
-    for (long long i = 0; i < n * P; ++i) in(i) = value<T>(me, i);
-    eng.reduce_scatter(Host(), in, out, ReduceOp::sum, "rs").wait();
-    Kokkos::View<T*, Kokkos::HostSpace> mine("mine", n);
-    for (long long i = 0; i < n; ++i) mine(i) = value<T>(me, i * 5 + 1);
-    eng.allgather(Host(), mine, gathered, "ag").wait();
+    auto in = vector_of<T>("in", n * P, mine_at);
+    TestVector<T> out("out", n), gathered("gathered", n * P);
+    eng.reduce_scatter(TestExec(), in, out, ReduceOp::sum, "rs").wait();
+    auto mine = vector_of<T>("mine", n, [me](long long i) { return value<T>(me, i * 5 + 1); });
+    eng.allgather(TestExec(), mine, gathered, "ag").wait();
+    const auto hout = to_host(out), hgathered = to_host(gathered);
     bool ok_rs = true, ok_ag = true;
     for (long long i = 0; i < n; ++i) {
       double ref = 0;
       for (int r = 0; r < P; ++r) ref += value<double>(r, me * n + i);
-      ok_rs = ok_rs && static_cast<double>(out(i)) == ref;
+      ok_rs = ok_rs && static_cast<double>(hout(i)) == ref;
     }
     for (int r = 0; r < P; ++r)
-      for (long long i = 0; i < n; ++i) ok_ag = ok_ag && gathered(r * n + i) == value<T>(r, i * 5 + 1);
+      for (long long i = 0; i < n; ++i) ok_ag = ok_ag && hgathered(r * n + i) == value<T>(r, i * 5 + 1);
     CHECK(ok_rs);
     CHECK(ok_ag);
   }
@@ -73,14 +88,15 @@ TEST_CASE("send/recv around a ring", "[comm][engine]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size(), me = world.rank();
-  Kokkos::View<double*, Kokkos::HostSpace> out("out", 33), in("in", 33);
-  for (int i = 0; i < 33; ++i) out(i) = me * 100 + i;
-  auto rr = eng.recv(Host(), in, (me + P - 1) % P, 5);
-  auto rs = eng.send(Host(), out, (me + 1) % P, 5);
+  auto out = vector_of<double>("out", 33, [me](long long i) { return me * 100 + i; });
+  TestVector<double> in("in", 33);
+  auto rr = eng.recv(TestExec(), in, (me + P - 1) % P, 5);
+  auto rs = eng.send(TestExec(), out, (me + 1) % P, 5);
   rs.wait();
   rr.wait();
+  const auto hin = to_host(in);
   bool ok = true;
-  for (int i = 0; i < 33; ++i) ok = ok && in(i) == ((me + P - 1) % P) * 100 + i;
+  for (int i = 0; i < 33; ++i) ok = ok && hin(i) == ((me + P - 1) % P) * 100 + i;
   CHECK(ok);
 }
 
@@ -94,18 +110,18 @@ TEST_CASE("engine works on node and cross-node sub-communicators", "[comm][engin
   CHECK(cross.size() == P / node_size);
   CHECK(node.rank() == me % node_size);
   Engine en(node), ec(cross);
-  Kokkos::View<int*, Kokkos::HostSpace> a("a", 3), b("b", 3);
+  TestVector<int> a("a", 3), b("b", 3);
   Kokkos::deep_copy(a, me);
   Kokkos::deep_copy(b, me);
-  en.allreduce(Host(), a).wait();
-  ec.allreduce(Host(), b).wait();
+  en.allreduce(TestExec(), a).wait();
+  ec.allreduce(TestExec(), b).wait();
   int ref_node = 0, ref_cross = 0;
   for (int r = 0; r < P; ++r) {
     if (r / node_size == me / node_size) ref_node += r;
     if (r % node_size == me % node_size) ref_cross += r;
   }
-  CHECK(a(2) == ref_node);
-  CHECK(b(0) == ref_cross);
+  CHECK(to_host(a)(2) == ref_node);
+  CHECK(to_host(b)(0) == ref_cross);
   if (P == 4) REQUIRE_THROWS_WITH(world.node(3), Catch::Contains("does not divide") && Catch::Contains("4"));
 }
 
@@ -113,6 +129,8 @@ TEST_CASE("composite schedule: ring all-gather with local work between rounds", 
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size(), me = world.rank();
+  // Host-only on purpose: the schedule's buffers are raw host scratch (Buffer::host) and its local
+  // work runs on the caller's thread; MPI reads host memory here whatever TestMem is.
   // Each round passes the block received last round to the right neighbour and adds it into a
   // running total: P-1 rounds of point-to-point, local work between rounds.
   const int n = 50;
@@ -148,13 +166,13 @@ TEST_CASE("consistency check: mismatches are caught before data moves, on every 
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
-  Kokkos::View<double*, Kokkos::HostSpace> v("grad[3]", 10 + (me == P - 1 ? 1 : 0));
+  TestVector<double> v("grad[3]", 10 + (me == P - 1 ? 1 : 0));
   Kokkos::deep_copy(v, 7.0);
   SECTION("count") {
     Engine eng(world);
-    eng.allreduce(Host(), Kokkos::View<double*, Kokkos::HostSpace>("warm", 4)).wait();
+    eng.allreduce(TestExec(), TestVector<double>("warm", 4)).wait();
     try {
-      eng.allreduce(Host(), v, ReduceOp::sum, "grad[3]").wait();
+      eng.allreduce(TestExec(), v, ReduceOp::sum, "grad[3]").wait();
       FAIL("no mismatch raised");
     } catch (const kdist::comm::MismatchError& e) {
       const std::string w = e.what();
@@ -162,36 +180,37 @@ TEST_CASE("consistency check: mismatches are caught before data moves, on every 
                         Catch::Contains("rank 0: allreduce 'grad[3]' op=sum dtype=float64 count=10") &&
                         Catch::Contains("count=11"));
     }
-    CHECK(v(0) == 7.0);                                                       // untouched: no payload moved
-    REQUIRE_THROWS_AS(eng.allreduce(Host(), v), kdist::comm::MismatchError);  // engine refuses further work
+    CHECK(to_host(v)(0) == 7.0);                                                  // untouched: no payload moved
+    REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v), kdist::comm::MismatchError);  // engine refuses further work
   }
   SECTION("dtype") {
     Engine eng(world);
-    Kokkos::View<float*, Kokkos::HostSpace> f("f", 10);
-    Kokkos::View<double*, Kokkos::HostSpace> d("d", 10);
+    TestVector<float> f("f", 10);
+    TestVector<double> d("d", 10);
     auto run = [&] {
-      return me == 0 ? eng.allreduce(Host(), f, ReduceOp::sum, "x") : eng.allreduce(Host(), d, ReduceOp::sum, "x");
+      return me == 0 ? eng.allreduce(TestExec(), f, ReduceOp::sum, "x")
+                     : eng.allreduce(TestExec(), d, ReduceOp::sum, "x");
     };
     REQUIRE_THROWS_WITH(run().wait(), Catch::Contains("dtype=float32") && Catch::Contains("dtype=float64"));
   }
   SECTION("root") {
     Engine eng(world);
-    Kokkos::View<double*, Kokkos::HostSpace> b("inverse[0]", 10);
-    REQUIRE_THROWS_WITH(eng.broadcast(Host(), b, me == 0 ? 1 : 0, "inverse[0]").wait(),
+    TestVector<double> b("inverse[0]", 10);
+    REQUIRE_THROWS_WITH(eng.broadcast(TestExec(), b, me == 0 ? 1 : 0, "inverse[0]").wait(),
                         Catch::Contains("root=0") && Catch::Contains("root=1") && Catch::Contains("'inverse[0]'"));
   }
   SECTION("order") {
     Engine eng(world);
-    Kokkos::View<double*, Kokkos::HostSpace> a("A", 10), b("B", 10);
+    TestVector<double> a("A", 10), b("B", 10);
     try {
       if (me == 0) {
-        auto r1 = eng.allreduce(Host(), a, ReduceOp::sum, "A");
-        auto r2 = eng.broadcast(Host(), b, 0, "B");
+        auto r1 = eng.allreduce(TestExec(), a, ReduceOp::sum, "A");
+        auto r2 = eng.broadcast(TestExec(), b, 0, "B");
         r1.wait();
         r2.wait();
       } else {
-        auto r1 = eng.broadcast(Host(), b, 0, "B");
-        auto r2 = eng.allreduce(Host(), a, ReduceOp::sum, "A");
+        auto r1 = eng.broadcast(TestExec(), b, 0, "B");
+        auto r2 = eng.allreduce(TestExec(), a, ReduceOp::sum, "A");
         r1.wait();
         r2.wait();
       }
@@ -206,8 +225,8 @@ TEST_CASE("consistency check: mismatches are caught before data moves, on every 
 TEST_CASE("overlap: operations complete while the caller computes and polls", "[comm][engine]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
-  Kokkos::View<double*, Kokkos::HostSpace> v("v", 1 << 12);
-  auto r = eng.allreduce(Host(), v);
+  TestVector<double> v("v", 1 << 12);
+  auto r = eng.allreduce(TestExec(), v);
   for (int i = 0; i < 2000 && !r.test(); ++i) std::this_thread::sleep_for(std::chrono::microseconds(200));
   r.wait();
   CHECK(eng.stats().completed_before_wait >= 1);
@@ -217,11 +236,11 @@ TEST_CASE("block collectives reject wrongly sized views before any MPI call", "[
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size();
-  Kokkos::View<float*, Kokkos::HostSpace> whole("grads", 4 * P + 1), block("slice", 4);
-  REQUIRE_THROWS_WITH(eng.reduce_scatter(Host(), whole, block),
+  TestVector<float> whole("grads", 4 * P + 1), block("slice", 4);
+  REQUIRE_THROWS_WITH(eng.reduce_scatter(TestExec(), whole, block),
                       Catch::Contains("reduce_scatter") && Catch::Contains("input 'grads'") &&
                           Catch::Contains("expected 4 x " + std::to_string(P)));
-  REQUIRE_THROWS_WITH(eng.allgather(Host(), block, whole),
+  REQUIRE_THROWS_WITH(eng.allgather(TestExec(), block, whole),
                       Catch::Contains("allgather") && Catch::Contains("output 'grads'"));
   CHECK(eng.stats().operations == 0);
 }

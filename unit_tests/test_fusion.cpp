@@ -1,4 +1,5 @@
-// comm/: fusion planners against exhaustive search, fused == unfused all-reduce.
+// comm/: fusion planners against exhaustive search, fused == unfused all-reduce. The
+// FusedAllreducer runs on TestExec with its buffers and tensors in TestMem (test_space.hpp).
 #include <catch2/catch.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
 #include <kdist/core/cost_model.hpp>
@@ -6,9 +7,13 @@
 #include <cstdio>
 #include <random>
 
+#include "test_space.hpp"
+
 using namespace kdist::comm;
 using kdist::CostModel;
-using Host = Kokkos::DefaultHostExecutionSpace;
+using kdist_test::TestExec;
+using kdist_test::TestMem;
+using kdist_test::to_host;
 
 namespace {
 std::vector<FusionTensor> random_instance(std::mt19937_64& rng, int n) {
@@ -88,7 +93,7 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size(), me = world.rank();
-  using FA = FusedAllreducer<T, Kokkos::HostSpace>;
+  using FA = FusedAllreducer<T, TestMem>;
   // Flat tensors from 1 to 1e6 elements and packed symmetric ones.
   std::vector<typename FA::Tensor> specs = {{"g0", 1, false},  {"A0", 7, true},        {"g1", 1000, false},
                                             {"G0", 33, true},  {"g2", 1000000, false}, {"g3", 3, false},
@@ -110,33 +115,33 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].symmetric) {
         const int d = static_cast<int>(specs[i].dim);
-        sym[i] = typename FA::Symmetric(specs[i].label, d, d);
-        for (int a = 0; a < d; ++a)
-          for (int b = a; b < d; ++b) sym[i](a, b) = sym[i](b, a) = static_cast<T>((me + 1) * (a + 2 * b) % 13);
-        fused.ready(Host(), static_cast<int>(i), sym[i]);
+        sym[i] = kdist_test::device_matrix<T>(
+            specs[i].label, d, d, [me](int a, int b) { return (me + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13; });
+        fused.ready(TestExec(), static_cast<int>(i), sym[i]);
       } else {
         flat[i] = typename FA::Vector(specs[i].label, specs[i].dim);
-        for (std::size_t k = 0; k < specs[i].dim; ++k) flat[i](k) = static_cast<T>((me + 1) * ((k + i) % 11));
-        fused.ready(Host(), static_cast<int>(i), flat[i]);
+        kdist_test::fill(flat[i], [me, i](std::size_t k) { return (me + 1) * ((k + i) % 11); });
+        fused.ready(TestExec(), static_cast<int>(i), flat[i]);
       }
     }
-    fused.wait(Host());
+    fused.wait(TestExec());
     INFO("planner " << to_string(pl) << " groups " << plan.groups());
     CHECK(eng.stats().collective_calls - calls_before == plan.groups());
     const double tri = P * (P + 1) / 2.0;  // sum over ranks of (rank + 1)
     bool ok = true;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].symmetric) {
+        const auto h = to_host(sym[i]);
         const int d = static_cast<int>(specs[i].dim);
         for (int a = 0; a < d; ++a)
           for (int b = 0; b < d; ++b) {
             double ref = 0;
             for (int r = 0; r < P; ++r) ref += (r + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13;
-            ok = ok && static_cast<double>(sym[i](a, b)) == ref;
+            ok = ok && static_cast<double>(h(a, b)) == ref;
           }
       } else {
-        for (std::size_t k = 0; k < specs[i].dim; ++k)
-          ok = ok && static_cast<double>(flat[i](k)) == tri * ((k + i) % 11);
+        const auto h = to_host(flat[i]);
+        for (std::size_t k = 0; k < specs[i].dim; ++k) ok = ok && static_cast<double>(h(k)) == tri * ((k + i) % 11);
       }
     }
     CHECK(ok);
@@ -146,10 +151,11 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
 TEST_CASE("FusedAllreducer rejects out-of-order and mis-sized tensors", "[comm][fusion]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
-  using FA = FusedAllreducer<double, Kokkos::HostSpace>;
+  using FA = FusedAllreducer<double, TestMem>;
   FA fused(eng, {{"a", 4, false}, {"b", 5, false}});
   fused.begin();
   FA::Vector b("b", 5), a("a", 3);
-  REQUIRE_THROWS_WITH(fused.ready(Host(), 1, b), Catch::Contains("out of order") && Catch::Contains("expected 0"));
-  REQUIRE_THROWS_WITH(fused.ready(Host(), 0, a), Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
+  REQUIRE_THROWS_WITH(fused.ready(TestExec(), 1, b), Catch::Contains("out of order") && Catch::Contains("expected 0"));
+  REQUIRE_THROWS_WITH(fused.ready(TestExec(), 0, a),
+                      Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
 }
