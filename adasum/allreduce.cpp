@@ -263,14 +263,20 @@ class Builder {
   // Odd rank 2i+1 (i < q) hands its vector to 2i and gets the result back at the end.
   void fold_away() {
     const int peer = cross_rank(c_ - 1);
-    sched_.step()
-        .send(peer, Buffer::host(s_.S, s_.m), kTagFold)
-        .send(peer, Buffer::host(s_.bad(), s_.tensors), kTagFoldBad);
+    send_slice(peer, kTagFold, kTagFoldBad);
     sched_.step()
         .recv(peer, Buffer::host(s_.S, s_.m), kTagUnfold)
         .recv(peer, Buffer::host(s_.bad(), s_.tensors), kTagUnfoldBad);
+    s_.planned.vector_exchanges += 1;
+  }
+
+  // One step handing the whole slice and its non-finite markers to `peer`.
+  void send_slice(int peer, int tag, int tag_bad) {
+    sched_.step()
+        .send(peer, Buffer::host(s_.S, s_.m), tag)
+        .send(peer, Buffer::host(s_.bad(), s_.tensors), tag_bad);
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
-    s_.planned.vector_exchanges += 2;
+    s_.planned.vector_exchanges += 1;
   }
 
   // Even rank 2i (i < q) combines its partner's vector with its own as a.
@@ -365,14 +371,7 @@ class Builder {
     hi_ = phi;
   }
 
-  void unfold() {
-    const int odd = cross_rank(c_ + 1);
-    sched_.step()
-        .send(odd, Buffer::host(s_.S, s_.m), kTagUnfold)
-        .send(odd, Buffer::host(s_.bad(), s_.tensors), kTagUnfoldBad);
-    s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
-    s_.planned.vector_exchanges += 1;
-  }
+  void unfold() { send_slice(cross_rank(c_ + 1), kTagUnfold, kTagUnfoldBad); }
 
   // Hierarchical: all-gather the slices inside the node.
   void node_gather() {

@@ -1,36 +1,17 @@
-// Engine: one ordered stream of communication operations that owns its wire. Every byte kdist
+// Engine: one ordered stream of communication operations on its own wire. Every byte kdist
 // moves between ranks goes through an Engine.
 //
-// Wire. An Engine duplicates the Communicator it is given into its own communicators (payload
-// collectives, point-to-point of composite schedules, signature checks and control messages), all
-// returning MPI errors instead of aborting. Two Engines on one Communicator (a preconditioner's
-// beside the user's gradient reducer) therefore never interleave collectives. Sub-groups for
-// collective steps (hierarchical Adasum's node and cross-node groups) come from split(), which
-// runs through the checked stream like any operation.
-//
-// Operations (all-reduce sum/average/min/max, broadcast, reduce-scatter, all-gather, send/recv and
-// composite Schedules) return a Request that can be tested or waited on; it stays valid after the
-// Engine is gone (a clear error if the operation never completed). Views are staged through host
-// memory unless kdist was built with KDIST_ENABLE_GPU_AWARE_MPI; staging fences only the caller's
-// execution space instance.
-//
-// Progress. There is no communication thread: the engine advances every operation whenever it
-// is called (submit, test, wait, progress). Training code calls progress() from its layer hooks.
-//
-// Consistency. Before any payload of a collective moves, the ranks reduce its signature (index,
-// kind, reduction, dtype, count, root, a hash of its label and of its tensor layout) on a private
-// communicator. On a mismatch every rank raises MismatchError naming the operation and each
-// rank's values; no payload has moved; operations submitted before it still complete; the engine
-// then refuses new work. finish() (and a normal destruction) is itself checked, so a rank that
-// stops while others still submit is named. Errors on one rank reach the others: fail() (and a
-// destruction while an exception propagates, and an exception in a schedule's middle step) sends
-// a control message that fails every peer's pending work with RemoteError. A wait longer than
-// EngineOptions::stall_warning_seconds prints which operation is stuck and where every rank is;
-// stall_timeout_seconds > 0 turns a stall into StallError on every rank.
-//
-// Threads. One thread at a time per Engine (any thread; MPI must allow it). Concurrent calls
-// from two threads throw InvalidArgument instead of corrupting state. The README's "Errors"
-// section lists what is checked across ranks and what it costs.
+// - Wire: the Engine duplicates the Communicator it is given (MPI errors are returned, never
+//   fatal), so two Engines on one Communicator never interleave. Sub-groups for Schedule steps
+//   come from node_group()/cross_node_group(), which run inside the checked stream.
+// - Operations (all-reduce sum/average/min/max, broadcast, reduce-scatter, all-gather, send/recv,
+//   composite Schedules) return a Request, valid after the Engine is gone. Views in any memory
+//   space: host memory goes to MPI as is; device memory is staged through the host, or handed to
+//   GPU-aware MPI, or enqueued on NCCL on the caller's stream (comm/engine.cpp says how).
+// - Progress: no thread; every call (submit, test, wait, progress) advances everything in flight.
+// - Every collective is checked across ranks before its payload moves; a rank that fails,
+//   finishes early or stalls is reported on every rank (README "Errors": what, and its cost).
+// - One thread at a time per Engine; a second concurrent caller gets InvalidArgument.
 #pragma once
 
 #include <kdist/comm/communicator.hpp>
