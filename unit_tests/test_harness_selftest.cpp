@@ -24,3 +24,16 @@ TEST_CASE("selftest: fails in the middle of a collective", "[selftest][collectiv
   MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   CHECK(sum == size);
 }
+
+TEST_CASE("selftest: one rank stuck in a collective, no failed assertion", "[selftest][stuck]") {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  // The last rank waits in a barrier nobody else enters; the others end the test case cleanly and
+  // wait for it at the harness's agreement, which must give up and abort. (dup is never freed: the
+  // job ends in MPI_Abort.)
+  if (rank == size - 1) MPI_Barrier(dup);
+  CHECK(true);
+}

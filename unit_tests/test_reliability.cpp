@@ -6,6 +6,8 @@
 #include <kdist/comm/fused_allreducer.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "test_space.hpp"
@@ -227,7 +229,14 @@ TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on th
   kdist::comm::EngineOptions o;
   o.stall_warning_seconds = 0.3;
   o.stall_timeout_seconds = 1.0;
+  // ctest sets KDIST_STALL_TIMEOUT_SECONDS for every test, and the Engine lets it override these
+  // options: this test needs its own short timeout.
+  const char* env = std::getenv("KDIST_STALL_TIMEOUT_SECONDS");
+  const bool had = env != nullptr;
+  const std::string saved = had ? env : "";
+  unsetenv("KDIST_STALL_TIMEOUT_SECONDS");
   Engine eng(world, o);
+  if (had) setenv("KDIST_STALL_TIMEOUT_SECONDS", saved.c_str(), 1);
   auto v = filled("lonely", 4, 1.0);
   if (me == 0) {
     REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "lonely").wait(), kdist::comm::StallError);
