@@ -174,7 +174,13 @@ TEST_CASE("a rank that finishes while others still submit is named on every rank
   }
 }
 
-TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hanging", "[reliability][fusion]") {
+// [leaks-comm]: the Engine that fails in these test cases is destroyed with its signature check
+// (a nonblocking all-reduce) still pending, so MPICH never releases its check communicator and
+// LeakSanitizer reports it (issue 8). The sanitizer run runs them apart and expects that report
+// (known_leak.test_reliability.np2 in unit_tests/CMakeLists.txt) until the Engine drains or
+// cancels the pending check; then drop the tag and that entry.
+TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hanging",
+          "[reliability][fusion][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
@@ -199,7 +205,8 @@ TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hangi
   CHECK_FALSE(eng.healthy());
 }
 
-TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank", "[reliability][engine]") {
+TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank",
+          "[reliability][engine][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
@@ -222,7 +229,8 @@ TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank
   CHECK((me == P - 1 ? local_error : remote_error));
 }
 
-TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers", "[reliability][stall]") {
+TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers",
+          "[reliability][stall][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
