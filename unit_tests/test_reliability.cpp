@@ -6,6 +6,8 @@
 #include <kdist/comm/fused_allreducer.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "test_space.hpp"
@@ -172,7 +174,13 @@ TEST_CASE("a rank that finishes while others still submit is named on every rank
   }
 }
 
-TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hanging", "[reliability][fusion]") {
+// [leaks-comm]: the Engine that fails in these test cases is destroyed with its signature check
+// (a nonblocking all-reduce) still pending, so MPICH never releases its check communicator and
+// LeakSanitizer reports it (issue 8). The sanitizer run runs them apart and expects that report
+// (known_leak.test_reliability.np2 in unit_tests/CMakeLists.txt) until the Engine drains or
+// cancels the pending check; then drop the tag and that entry.
+TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hanging",
+          "[reliability][fusion][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
@@ -197,7 +205,8 @@ TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hangi
   CHECK_FALSE(eng.healthy());
 }
 
-TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank", "[reliability][engine]") {
+TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank",
+          "[reliability][engine][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
@@ -220,14 +229,22 @@ TEST_CASE("a rank that throws inside a pipeline ends with an error on every rank
   CHECK((me == P - 1 ? local_error : remote_error));
 }
 
-TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers", "[reliability][stall]") {
+TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers",
+          "[reliability][stall][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   if (P < 2) return;
   kdist::comm::EngineOptions o;
   o.stall_warning_seconds = 0.3;
   o.stall_timeout_seconds = 1.0;
+  // ctest sets KDIST_STALL_TIMEOUT_SECONDS for every test, and the Engine lets it override these
+  // options: this test needs its own short timeout.
+  const char* env = std::getenv("KDIST_STALL_TIMEOUT_SECONDS");
+  const bool had = env != nullptr;
+  const std::string saved = had ? env : "";
+  unsetenv("KDIST_STALL_TIMEOUT_SECONDS");
   Engine eng(world, o);
+  if (had) setenv("KDIST_STALL_TIMEOUT_SECONDS", saved.c_str(), 1);
   auto v = filled("lonely", 4, 1.0);
   if (me == 0) {
     REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "lonely").wait(), kdist::comm::StallError);
