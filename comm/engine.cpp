@@ -208,7 +208,9 @@ struct Operation {
   std::unique_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
 #endif
 
-  bool finished() const { return state == State::done || state == State::failed; }
+  bool finished() const {
+    return state == State::done || state == State::failed;
+  }
   std::string describe() const {
     std::ostringstream os;
     os << "operation #" << seq << " " << to_string(what.kind) << " '" << what.label << "'";
@@ -245,8 +247,12 @@ struct EngineCore {
 
   explicit EngineCore(const Communicator& c) : comm(c) {}
 
-  void ok(int rc, const char* call) const { check_mpi(rc, call, rank); }
-  MPI_Comm group_comm(const Group& g) const { return g.sub() ? g.sub()->raw() : payload; }
+  void ok(int rc, const char* call) const {
+    check_mpi(rc, call, rank);
+  }
+  MPI_Comm group_comm(const Group& g) const {
+    return g.sub() ? g.sub()->raw() : payload;
+  }
 
   void post_ctrl_recv() {
     ok(MPI_Irecv(&ctrl_in, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, check, &ctrl_request),
@@ -483,9 +489,10 @@ nccl::Reduce nccl_op(ReduceOp op) {
 void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
   using K = Schedule::CollectiveKind;
   if (s.collective.kind != K::none && s.collective.group.sub())
-    kdist::impl::throw_invalid("kdist::comm::Engine", "'" + op.what.label +
-                                                          "': a collective on a sub-group with device buffers needs "
-                                                          "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
+    kdist::impl::throw_invalid("kdist::comm::Engine",
+                               "'" + op.what.label +
+                                   "': a collective on a sub-group with device buffers needs "
+                                   "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
   auto stream = static_cast<cudaStream_t>(s.stream);
   nccl::Comm& n = *c.nccl;
   n.group_start();
@@ -707,8 +714,11 @@ void shutdown(EngineCore& c) {
 Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::make_shared<EngineCore>(comm)) {
   EngineCore& c = *core_;
   c.options = options;
-  c.options.stall_warning_seconds = impl::env_or("KDIST_STALL_WARNING_SECONDS", options.stall_warning_seconds);
-  c.options.stall_timeout_seconds = impl::env_or("KDIST_STALL_TIMEOUT_SECONDS", options.stall_timeout_seconds);
+  // The environment supplies defaults; options set in code win.
+  if (options.stall_warning_seconds < 0)
+    c.options.stall_warning_seconds = impl::env_or("KDIST_STALL_WARNING_SECONDS", 60.0);
+  if (options.stall_timeout_seconds < 0)
+    c.options.stall_timeout_seconds = impl::env_or("KDIST_STALL_TIMEOUT_SECONDS", 0.0);
   c.rank = rank_ = comm.rank();
   c.size = size_ = comm.size();
   auto dup = [&](MPI_Comm* out, std::shared_ptr<MPI_Comm>* owner) {
@@ -782,8 +792,9 @@ Request Engine::enqueue(OpDescription what, Schedule schedule) {
   for (const auto& s : schedule.steps()) {
     if (s.device() && !KDIST_ENABLE_NCCL && !KDIST_ENABLE_GPU_AWARE_MPI)
       kdist::impl::throw_invalid("kdist::comm::Engine::submit",
-                                 "schedule '" + what.label + "' has device buffers, but this build has neither NCCL nor "
-                                 "GPU-aware MPI (stage them through host memory)");
+                                 "schedule '" + what.label +
+                                     "' has device buffers, but this build has neither NCCL nor "
+                                     "GPU-aware MPI (stage them through host memory)");
     if (const Communicator* g = s.collective.group.sub())
       if (g->engine_id() != c.id)
         kdist::impl::throw_invalid("kdist::comm::Engine::submit",

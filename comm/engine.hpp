@@ -90,12 +90,12 @@ struct OpDescription {
 
 struct EngineOptions {
   bool check_consistency = true;
-  /// Print where every rank is after waiting this long (Horovod's stall inspector: 60 s).
-  /// Environment: KDIST_STALL_WARNING_SECONDS.
-  double stall_warning_seconds = 60.0;
+  /// Print where every rank is after waiting this long (Horovod's stall inspector). Unset (< 0):
+  /// KDIST_STALL_WARNING_SECONDS, else 60. A value set here wins over the environment.
+  double stall_warning_seconds = -1.0;
   /// > 0: after waiting this long, raise StallError here and RemoteError on every other rank.
-  /// Environment: KDIST_STALL_TIMEOUT_SECONDS.
-  double stall_timeout_seconds = 0.0;
+  /// Unset (< 0): KDIST_STALL_TIMEOUT_SECONDS, else 0 (never).
+  double stall_timeout_seconds = -1.0;
 };
 
 struct EngineStats {
@@ -335,9 +335,10 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   auto win = impl::stage_in(exec, in);
   auto wout = impl::stage_out(out);
   Schedule s(label);
-  s.step().on_stream(impl::stream_of(exec)).reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op).then([win, wout, out, op, size, exec] {
-    impl::finish_reduction(exec, wout, out, op, size);
-  });
+  s.step()
+      .on_stream(impl::stream_of(exec))
+      .reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op)
+      .then([win, wout, out, op, size, exec] { impl::finish_reduction(exec, wout, out, op, size); });
   return enqueue(
       {OpKind::reduce_scatter, dtype_of<T>(), static_cast<long long>(out.extent(0)), -1, op, std::move(label), {}},
       std::move(s));
@@ -350,9 +351,12 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
   auto win = impl::stage_in(exec, in);
   auto wout = impl::stage_out(out);
   Schedule s(label);
-  s.step().on_stream(impl::stream_of(exec)).allgather(Group::all(), Buffer::of(win), Buffer::of(wout)).then([win, wout, out, exec] {
-    if (wout.data() != out.data()) Kokkos::deep_copy(exec, out, wout);
-  });
+  s.step()
+      .on_stream(impl::stream_of(exec))
+      .allgather(Group::all(), Buffer::of(win), Buffer::of(wout))
+      .then([win, wout, out, exec] {
+        if (wout.data() != out.data()) Kokkos::deep_copy(exec, out, wout);
+      });
   return enqueue(
       {OpKind::allgather, dtype_of<T>(), static_cast<long long>(in.extent(0)), -1, ReduceOp::sum, std::move(label), {}},
       std::move(s));
@@ -364,7 +368,8 @@ Request Engine::send(const Exec& exec, const V& v, int dest, int tag, std::strin
   using T = typename V::non_const_value_type;
   auto w = impl::stage_in(exec, v);
   Schedule s(label);
-  s.step().on_stream(impl::stream_of(exec)).send(dest, Buffer::of(w), tag).then([w] {});  // keeps the wire buffer alive until sent
+  s.step().on_stream(impl::stream_of(exec)).send(dest, Buffer::of(w), tag).then([w] {
+  });  // keeps the wire buffer alive until sent
   return enqueue(
       {OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), dest, ReduceOp::sum, std::move(label), {}},
       std::move(s));

@@ -31,6 +31,15 @@ double first(const Vec& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   return h(0);
 }
+// One iteration of a two-tensor fused reduction; a mismatch surfaces in ready() or wait(),
+// depending on timing.
+template <class FA>
+void reduce_two(FA& fused, const Vec& x, const Vec& y) {
+  fused.begin();
+  fused.ready(TestExec(), 0, x);
+  fused.ready(TestExec(), 1, y);
+  fused.wait(TestExec());
+}
 void sleep_ms(int ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
@@ -101,14 +110,8 @@ TEST_CASE("FusedAllreducer with tensors registered in a different order is caugh
              FA::sum());
     fused.set_plan(kdist::comm::FusionPlan{{2}});
     auto x = filled("x", 8, 1.0), y = filled("y", 8, 2.0);
-    auto run = [&] {  // the mismatch surfaces in ready() or wait(), depending on timing
-      fused.begin();
-      fused.ready(TestExec(), 0, x);
-      fused.ready(TestExec(), 1, y);
-      fused.wait(TestExec());
-    };
-    REQUIRE_THROWS_WITH(
-        run(), Catch::Contains("layout=2 tensors [8:w1 8:w2]") && Catch::Contains("layout=2 tensors [8:w2 8:w1]"));
+    REQUIRE_THROWS_WITH(reduce_two(fused, x, y), Catch::Contains("layout=2 tensors [8:w1 8:w2]") &&
+                                                     Catch::Contains("layout=2 tensors [8:w2 8:w1]"));
     CHECK(first(x) == 1.0);
   }
   SECTION("different sizes landing in one group") {
@@ -119,13 +122,7 @@ TEST_CASE("FusedAllreducer with tensors registered in a different order is caugh
              FA::sum());
     fused.set_plan(kdist::comm::FusionPlan{{2}});
     auto x = filled("x", swap ? 6 : 10, 1.0), y = filled("y", swap ? 10 : 6, 2.0);
-    auto run = [&] {
-      fused.begin();
-      fused.ready(TestExec(), 0, x);
-      fused.ready(TestExec(), 1, y);
-      fused.wait(TestExec());
-    };
-    REQUIRE_THROWS_AS(run(), MismatchError);
+    REQUIRE_THROWS_AS(reduce_two(fused, x, y), MismatchError);
   }
 }
 
@@ -237,14 +234,7 @@ TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on th
   kdist::comm::EngineOptions o;
   o.stall_warning_seconds = 0.3;
   o.stall_timeout_seconds = 1.0;
-  // ctest sets KDIST_STALL_TIMEOUT_SECONDS for every test, and the Engine lets it override these
-  // options: this test needs its own short timeout.
-  const char* env = std::getenv("KDIST_STALL_TIMEOUT_SECONDS");
-  const bool had = env != nullptr;
-  const std::string saved = had ? env : "";
-  unsetenv("KDIST_STALL_TIMEOUT_SECONDS");
-  Engine eng(world, o);
-  if (had) setenv("KDIST_STALL_TIMEOUT_SECONDS", saved.c_str(), 1);
+  Engine eng(world, o);  // set in code: wins over ctest's KDIST_STALL_TIMEOUT_SECONDS
   auto v = filled("lonely", 4, 1.0);
   if (me == 0) {
     REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "lonely").wait(), kdist::comm::StallError);
