@@ -1,0 +1,38 @@
+#include <kdist/core/error.hpp>
+#include <kdist/kfac/layers.hpp>
+
+namespace kdist {
+namespace kfac {
+
+Layer::Layer(LayerKind kind, int in, int out, int kh, int kw, int stride, int padding, bool bias)
+    : kind_(kind), in_(in), out_(out), kh_(kh), kw_(kw), stride_(stride), padding_(padding), bias_(bias) {
+  if (in < 1 || out < 1 || kh < 1 || kw < 1 || stride < 1 || padding < 0)
+    impl::throw_invalid("kdist::kfac::Layer", "sizes must be positive and padding >= 0, got " + describe());
+}
+
+namespace {
+int conv_out(const Layer& l, int size, int kernel, const char* which) {
+  if (size < 1 || size + 2 * l.padding() < kernel)
+    impl::throw_invalid("kdist::kfac::Layer", std::string("input ") + which + " " + std::to_string(size) +
+                                                  " is too small for " + l.describe());
+  return (size + 2 * l.padding() - kernel) / l.stride() + 1;
+}
+}  // namespace
+
+int Layer::out_h(int h) const {
+  return kind_ == LayerKind::dense ? 1 : conv_out(*this, h, kh_, "height");
+}
+int Layer::out_w(int w) const {
+  return kind_ == LayerKind::dense ? 1 : conv_out(*this, w, kw_, "width");
+}
+
+std::string Layer::describe() const {
+  const std::string b = bias_ ? ", bias" : ", no bias";
+  if (kind_ == LayerKind::dense) return "Dense(" + std::to_string(in_) + ", " + std::to_string(out_) + b + ")";
+  return "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) + ", " + std::to_string(kh_) + "x" +
+         std::to_string(kw_) + ", stride " + std::to_string(stride_) + ", padding " + std::to_string(padding_) + b +
+         ")";
+}
+
+}  // namespace kfac
+}  // namespace kdist
