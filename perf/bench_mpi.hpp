@@ -17,13 +17,13 @@ inline double max_over_ranks(double t) {
 
 /// Barrier, run f, max over ranks; median of `reps` such runs after two warm-ups.
 template <class F>
-double time_median(int reps, F&& f) {
+double time_median(int reps, F&& f, int batch = 1) {
   std::vector<double> s;
   for (int r = 0; r < reps + 2; ++r) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = kdist::Clock::local_now();
-    f();
-    const double t = max_over_ranks(kdist::Clock::local_now() - t0);
+    for (int b = 0; b < batch; ++b) f();
+    const double t = max_over_ranks(kdist::Clock::local_now() - t0) / batch;
     if (r >= 2) s.push_back(t);
   }
   return median(s);
