@@ -1,0 +1,87 @@
+// Inverse placement (SPD-KFAC §IV-C, Algorithm 1): which rank inverts each Kronecker factor. A pure
+// function of (factor dimensions, cost models, P) -> plan; no MPI, no kernels, so every rank that
+// calls it with the same inputs gets the same plan.
+//
+// Load model (the paper's): a CT factor (owner r >= 0) adds inverse(d) + broadcast(d) to rank r's
+// load; an NCT factor (owner -1) is inverted on every rank, adds inverse(d) to all, and is not sent.
+// inverse(d) = models.inverse(d^3); broadcast(d) = models.broadcast(packed_size(d) * element_bytes).
+// The plan's modelled time is the makespan, max over ranks of the load.
+//   lbp         Algorithm 1: largest dimension first (ties by input index); NCT iff inverse < broadcast,
+//               else CT on the least-loaded rank so far (ties: lowest rank).
+//   sequential  MPD-KFAC: all CT, item i on rank i mod P.      replicated  D-KFAC: all NCT.
+//   optimal     minimum makespan (up to rounding) by branch and bound when N*P <= kOptimalMaxItemsTimesRanks and
+//               the search ends within kOptimalMaxNodes nodes (exact = true); otherwise the best plan
+//               found, never worse than lbp (exact = false).
+// P == 1: every factor is local (owner -1), load = sum of inverses, for every kind (exact for optimal).
+// Bounds: lower_bound <= optimum <= lbp <= lbp_bound_factor(P) * optimum, with factor P/2 + 1 (P >= 2).
+// Throws InvalidArgument naming the value on P < 1, dim < 1, element_bytes < 1, an owner outside
+// [-1, P) or a list whose length does not match the plan.
+#pragma once
+
+#include <kdist/core/cost_model.hpp>
+#include <kdist/core/dtype.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace kdist {
+namespace kfac {
+
+enum class PlacementKind { lbp, sequential, replicated, optimal };
+/// "lbp", "sequential", "replicated", "optimal".
+const char* to_string(PlacementKind kind);
+/// Parses to_string()'s spelling; returns false (and leaves *out) for anything else.
+bool parse_placement(const std::string& text, PlacementKind* out);
+
+/// One Kronecker factor (A or G of a layer).
+struct PlacementItem {
+  std::string label;
+  int dim = 0;
+};
+
+struct PlacementModels {
+  CostModel inverse;              ///< seconds for x = d^3
+  CostModel broadcast;            ///< seconds for x = bytes on P ranks
+  std::size_t element_bytes = 4;  ///< the inverse travels as a packed upper triangle
+  double inverse_time(int d) const;
+  double broadcast_time(int d) const;
+  /// Inverse: CostKey{spd_inverse, float64, 1, "local"}; broadcast: CostKey{broadcast, dtype, ranks,
+  /// "world"}; element_bytes = size_of(dtype). Calibrated entries, else CostModelStore's defaults.
+  static PlacementModels from_store(const CostModelStore& store, DType dtype, int ranks);
+};
+
+struct Placement {
+  PlacementKind kind = PlacementKind::lbp;
+  int ranks = 1;
+  std::vector<int> owner;           ///< per item, caller's order: CT owner rank, or -1 (NCT)
+  std::vector<double> inverse_s;    ///< per item: modelled inverse seconds
+  std::vector<double> broadcast_s;  ///< per item: modelled broadcast seconds (paid only when CT)
+  std::vector<double> load;         ///< modelled seconds per rank
+  double modelled_time = 0.0;       ///< max load (makespan)
+  double lower_bound = 0.0;         ///< placement_lower_bound for the same inputs
+  bool exact = false;               ///< optimal kind: the plan is proven optimal
+  /// Start-up table: per factor label, dim, CT/NCT, owner, modelled inverse and broadcast; then
+  /// per-rank loads, makespan, lower bound and their ratio. `items` must be the ones placed.
+  std::string describe(const std::vector<PlacementItem>& items) const;
+};
+
+/// Above this N*P, optimal returns the lbp plan (exact = false).
+constexpr int kOptimalMaxItemsTimesRanks = 64;
+/// Search nodes after which optimal stops and returns its best plan so far (exact = false): about
+/// 1 s on one core. Many distinct, nearly equal CT factors with N*P near the limit (a partition problem)
+/// can reach it; random mixed inputs at the limit finished in under 0.25 s in our trials.
+constexpr long long kOptimalMaxNodes = 10000000;
+
+Placement place(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks, PlacementKind kind);
+/// Makespan of any assignment under the load model (owner per item: -1 or a rank); `load`, when
+/// given, receives the per-rank loads.
+double placement_time(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks,
+                      const std::vector<int>& owner, std::vector<double>* load = nullptr);
+/// max(max_i inv_i, (1/P) sum_i min(P inv_i, inv_i + bcast_i)) <= the optimal makespan.
+double placement_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks);
+/// c(P) with lbp makespan <= c(P) * optimum: 1 for P == 1, P/2 + 1 for P >= 2 (proof in placement.cpp).
+double lbp_bound_factor(int ranks);
+
+}  // namespace kfac
+}  // namespace kdist
