@@ -4,6 +4,9 @@
 //   static_check_view<Exec, V>()  compile time: V is a View whose memory space Exec can access.
 //   describe(v)                   "'label' (rows x cols)", the form every error message uses.
 //   require_contiguous / require_square(func, v)
+//   require_extents(func, v, {e0, e1, ...}, why)
+//                                 throws "<func>: view 'label' (extents) must be e0 x e1 ... <why>"
+//                                 unless v has exactly those extents.
 //   spans_overlap(a, b)           true when the byte ranges [data(), data() + span()) of a and b
 //                                 intersect. span(), not the extent product, so padded, strided
 //                                 and sub-views are covered; empty views overlap nothing. It is
@@ -19,6 +22,8 @@
 #include <kdist/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -66,6 +71,20 @@ void require_contiguous(const char* func, const V& v) {
 template <class V>
 void require_square(const char* func, const V& v) {
   if (v.extent(0) != v.extent(1)) throw_invalid(func, "matrix " + describe(v) + " must be square");
+}
+
+/// Throws InvalidArgument unless v.extent(r) == expected[r] for every r; `why` names what the
+/// extents mean and where they come from ("(rows x inputs) for Dense(4, 3, bias)").
+template <class V>
+void require_extents(const char* func, const V& v, const std::array<std::size_t, compat::view_rank<V>()>& expected,
+                     const std::string& why) {
+  bool same = true;
+  std::ostringstream want;
+  for (int r = 0; r < compat::view_rank<V>(); ++r) {
+    same = same && v.extent(r) == expected[r];
+    want << (r ? " x " : "") << expected[r];
+  }
+  if (!same) throw_invalid(func, "view " + describe(v) + " must be " + want.str() + " " + why);
 }
 
 /// Whether the storage of a and b shares any byte (addresses compared as integers: the views may

@@ -54,6 +54,21 @@ TestMatrix<T, Layout> device_matrix(const std::string& label, int rows, int cols
   return m;
 }
 
+/// A B x C x H x W TestMem tensor (NCHW) holding the row-major flat vector `values`.
+template <class T, class Layout = Kokkos::LayoutRight>
+Kokkos::View<T****, Layout, TestMem> device_nchw(const std::string& label, int B, int C, int H, int W,
+                                                 const std::vector<double>& values) {
+  Kokkos::View<T****, Layout, TestMem> v(label, B, C, H, W);
+  auto h = Kokkos::create_mirror_view(v);
+  std::size_t k = 0;
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < C; ++c)
+      for (int y = 0; y < H; ++y)
+        for (int x = 0; x < W; ++x) h(b, c, y, x) = static_cast<T>(values.at(k++));
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
 /// Fills an existing view (any rank-1 or rank-2 view in TestMem, e.g. an unmanaged one) from f.
 template <class V, class F>
 void fill(const V& v, F f) {
@@ -73,6 +88,25 @@ auto to_host(const V& v) {
   auto h = Kokkos::create_mirror_view(v);
   Kokkos::deep_copy(h, v);
   return h;
+}
+
+/// A rank-2 or rank-4 view read back as a row-major flat vector of doubles (last index fastest).
+template <class V>
+std::vector<double> to_flat(const V& v) {
+  const auto h = to_host(v);
+  std::vector<double> out;
+  out.reserve(v.size());
+  if constexpr (kdist::compat::view_rank<V>() == 2) {
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      for (std::size_t j = 0; j < h.extent(1); ++j) out.push_back(static_cast<double>(h(i, j)));
+  } else {
+    static_assert(kdist::compat::view_rank<V>() == 4, "kdist_test::to_flat: rank 2 or 4");
+    for (std::size_t b = 0; b < h.extent(0); ++b)
+      for (std::size_t c = 0; c < h.extent(1); ++c)
+        for (std::size_t y = 0; y < h.extent(2); ++y)
+          for (std::size_t x = 0; x < h.extent(3); ++x) out.push_back(static_cast<double>(h(b, c, y, x)));
+  }
+  return out;
 }
 
 /// The bytes a view's storage spans, read back to the host: "left byte-identical" checks.

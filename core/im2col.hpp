@@ -1,0 +1,201 @@
+// im2col / col2im and the NCHW <-> rows layout change: what a convolution, its backward pass and
+// the K-FAC factors of a Conv2d layer need to treat the convolution as one matrix product.
+//
+// Contract (all kernels run on the caller's execution-space instance, asynchronously):
+//   Conv2dGeometry{batch, channels, height, width, kernel_h, kernel_w, stride, padding}: one
+//     stride and one padding for both dimensions. validate(func, context) throws InvalidArgument
+//     naming every size (and the caller's context) unless all are positive (padding >= 0), the kernel fits the padded
+//     input and the index ranges fit an int; the accessors are plain arithmetic, meaningful once valid.
+//   im2col(exec, g, x, patches): x is NCHW (batch, channels, height, width), patches is
+//     rows() x patch(); patches(r, k) with r = (b*out_h + i)*out_w + j and
+//     k = (c*kernel_h + p)*kernel_w + q (PyTorch's weight.view(c_out, -1) order) holds
+//     x(b, c, i*stride - padding + p, j*stride - padding + q), zero outside the input.
+//   col2im(exec, g, patches, dx): the adjoint, <im2col(x), P> = <x, col2im(P)>: dx (NCHW) is
+//     overwritten with the sum of every patch entry that im2col read from that element.
+//   nchw_to_rows(exec, y, rows) / rows_to_nchw(exec, rows, y): y is (B, C, H, W), rows is
+//     (B*H*W) x C with rows((b*H + h)*W + w, c) = y(b, c, h, w); one is the inverse of the other.
+// Views: any layout (indexed through operator()), rank and value type checked at compile time;
+// extents and overlap of input and output checked first: InvalidArgument naming the function,
+// the view's label and extents and the expected ones, nothing written.
+#pragma once
+
+#include <kdist/core/views.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <climits>
+#include <string>
+#include <type_traits>
+
+namespace kdist {
+
+struct Conv2dGeometry {
+  int batch, channels, height, width, kernel_h, kernel_w, stride, padding;
+
+  KOKKOS_INLINE_FUNCTION int out_h() const { return (height + 2 * padding - kernel_h) / stride + 1; }
+  KOKKOS_INLINE_FUNCTION int out_w() const { return (width + 2 * padding - kernel_w) / stride + 1; }
+  /// Columns of the patch matrix: channels * kernel_h * kernel_w.
+  KOKKOS_INLINE_FUNCTION int patch() const { return channels * kernel_h * kernel_w; }
+  /// Rows of the patch matrix: batch * out_h * out_w.
+  KOKKOS_INLINE_FUNCTION int rows() const { return batch * out_h() * out_w(); }
+
+  /// "batch 2, channels 3, input 5x5, kernel 3x2, stride 1, padding 0".
+  std::string describe() const {
+    return "batch " + std::to_string(batch) + ", channels " + std::to_string(channels) + ", input " +
+           std::to_string(height) + "x" + std::to_string(width) + ", kernel " + std::to_string(kernel_h) + "x" +
+           std::to_string(kernel_w) + ", stride " + std::to_string(stride) + ", padding " + std::to_string(padding);
+  }
+
+  /// Throws InvalidArgument("<func>: ... <sizes><context>") unless the geometry is usable.
+  void validate(const char* func, const std::string& context = "") const {
+    if (batch < 1 || channels < 1 || height < 1 || width < 1 || kernel_h < 1 || kernel_w < 1 || stride < 1 ||
+        padding < 0)
+      impl::throw_invalid(func, "sizes must be positive and padding >= 0, got " + describe() + context);
+    if (height + 2 * static_cast<long long>(padding) < kernel_h ||
+        width + 2 * static_cast<long long>(padding) < kernel_w)
+      impl::throw_invalid(func, "the kernel does not fit the padded input: " + describe() + context);
+    // Kernels index rows, patch columns and input elements with int.
+    const long long rows_ll = static_cast<long long>(batch) * out_h() * out_w();
+    const long long input_ll = static_cast<long long>(batch) * channels * height * width;
+    const long long patch_ll = static_cast<long long>(channels) * kernel_h * kernel_w;
+    if (rows_ll > INT_MAX || input_ll > INT_MAX || patch_ll > INT_MAX)
+      impl::throw_invalid(func, "index range exceeds int: " + describe() + context);
+  }
+};
+
+namespace impl {
+
+template <class ExecSpace, class NV, class PV>
+void check_im2col(const char* func, const Conv2dGeometry& g, const NV& nchw, const PV& patches) {
+  static_check_view<ExecSpace, NV>();
+  static_check_view<ExecSpace, PV>();
+  static_assert(compat::view_rank<NV>() == 4, "kdist: the NCHW tensor must be rank 4");
+  static_assert(compat::view_rank<PV>() == 2, "kdist: the patch matrix must be rank 2");
+  static_assert(std::is_same<typename NV::non_const_value_type, typename PV::non_const_value_type>::value,
+                "kdist: NCHW tensor and patch matrix value types differ");
+  g.validate(func);
+  const std::string geometry = "for " + g.describe();
+  require_extents(func, nchw,
+                  {std::size_t(g.batch), std::size_t(g.channels), std::size_t(g.height), std::size_t(g.width)},
+                  "(batch x channels x height x width) " + geometry);
+  require_extents(func, patches, {std::size_t(g.rows()), std::size_t(g.patch())},
+                  "(batch*out_h*out_w x channels*kernel_h*kernel_w) " + geometry);
+  require_disjoint(func, nchw, patches);
+}
+
+template <class ExecSpace>
+using Policy4 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<int>>;
+
+/// One element of the NCHW <-> rows copy, in either direction (only the instantiated one has to
+/// be able to write its destination, so the source may be a const view).
+struct ToRows {
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static void move(const NV& nchw, const RV& rows, int b, int c, int h, int w, int r) {
+    rows(r, c) = nchw(b, c, h, w);
+  }
+};
+struct ToNchw {
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static void move(const NV& nchw, const RV& rows, int b, int c, int h, int w, int r) {
+    nchw(b, c, h, w) = rows(r, c);
+  }
+};
+
+template <class Direction, class ExecSpace, class NV, class RV>
+void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, const RV& rows) {
+  static_assert(compat::view_rank<NV>() == 4, "kdist: the NCHW tensor must be rank 4");
+  static_assert(compat::view_rank<RV>() == 2, "kdist: the rows matrix must be rank 2");
+  static_check_view<ExecSpace, NV>();
+  static_check_view<ExecSpace, RV>();
+  static_assert(std::is_same<typename NV::non_const_value_type, typename RV::non_const_value_type>::value,
+                "kdist: NCHW and rows value types differ");
+  const int B = static_cast<int>(nchw.extent(0)), C = static_cast<int>(nchw.extent(1));
+  const int H = static_cast<int>(nchw.extent(2)), W = static_cast<int>(nchw.extent(3));
+  require_extents(func, rows, {nchw.extent(0) * nchw.extent(2) * nchw.extent(3), nchw.extent(1)},
+                  "(batch*height*width x channels) for NCHW " + describe(nchw));
+  if (nchw.size() > static_cast<std::size_t>(INT_MAX)) throw_invalid(func, describe(nchw) + " exceeds int indexing");
+  require_disjoint(func, nchw, rows);
+  Kokkos::parallel_for(
+      func, Policy4<ExecSpace>(exec, {0, 0, 0, 0}, {B, C, H, W}),
+      KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+        Direction::move(nchw, rows, b, c, h, w, (b * H + h) * W + w);
+      });
+}
+
+}  // namespace impl
+
+/// patches := im2col(x) for the geometry g (see the header's contract).
+template <class ExecSpace, class XView, class PView>
+void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, const PView& patches) {
+  constexpr const char* func = "kdist::im2col";
+  impl::check_im2col<ExecSpace>(func, g, x, patches);
+  using T = typename PView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
+  Kokkos::parallel_for(
+      func,
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<int>>(exec, {0, 0}, {g.rows(), g.patch()}),
+      KOKKOS_LAMBDA(const int r, const int k) {
+        const int j = r % OW, i = (r / OW) % OH, b = r / (OW * OH);
+        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
+        const int h = i * S - P + p, w = j * S - P + q;
+        patches(r, k) = (h >= 0 && h < H && w >= 0 && w < W) ? T(x(b, c, h, w)) : T(0);
+      });
+}
+
+/// dx := col2im(patches), the adjoint of im2col: a gather over dx, so no atomics.
+template <class ExecSpace, class PView, class XView>
+void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
+  constexpr const char* func = "kdist::col2im";
+  impl::check_im2col<ExecSpace>(func, g, dx, patches);
+  using T = typename XView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, S = g.stride, P = g.padding;
+  Kokkos::parallel_for(
+      func, impl::Policy4<ExecSpace>(exec, {0, 0, 0, 0}, {g.batch, g.channels, g.height, g.width}),
+      KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+        // Kernel offset p reads input row h from output row i when i*S - P + p == h.
+        T sum = 0;
+        for (int p = 0; p < KH; ++p) {
+          const int hp = h + P - p;
+          if (hp < 0 || hp % S != 0 || hp / S >= OH) continue;
+          for (int q = 0; q < KW; ++q) {
+            const int wq = w + P - q;
+            if (wq < 0 || wq % S != 0 || wq / S >= OW) continue;
+            sum += patches((b * OH + hp / S) * OW + wq / S, (c * KH + p) * KW + q);
+          }
+        }
+        dx(b, c, h, w) = sum;
+      });
+}
+
+/// rows((b*H + h)*W + w, c) := y(b, c, h, w).
+template <class ExecSpace, class YView, class RView>
+void nchw_to_rows(const ExecSpace& exec, const YView& y, const RView& rows) {
+  impl::nchw_rows_copy<impl::ToRows>(exec, "kdist::nchw_to_rows", y, rows);
+}
+
+/// y(b, c, h, w) := rows((b*H + h)*W + w, c); y's extents give the shape.
+template <class ExecSpace, class RView, class YView>
+void rows_to_nchw(const ExecSpace& exec, const RView& rows, const YView& y) {
+  impl::nchw_rows_copy<impl::ToNchw>(exec, "kdist::rows_to_nchw", y, rows);
+}
+
+// ---- the same on the output view's default execution space ------------------------------------
+
+template <class XView, class PView>
+void im2col(const Conv2dGeometry& g, const XView& x, const PView& patches) {
+  im2col(typename PView::execution_space{}, g, x, patches);
+}
+template <class PView, class XView>
+void col2im(const Conv2dGeometry& g, const PView& patches, const XView& dx) {
+  col2im(typename XView::execution_space{}, g, patches, dx);
+}
+template <class YView, class RView>
+void nchw_to_rows(const YView& y, const RView& rows) {
+  nchw_to_rows(typename RView::execution_space{}, y, rows);
+}
+template <class RView, class YView>
+void rows_to_nchw(const RView& rows, const YView& y) {
+  rows_to_nchw(typename YView::execution_space{}, rows, y);
+}
+
+}  // namespace kdist
