@@ -144,6 +144,7 @@ struct CtrlMsg {
   int kind = 0;
   int from = -1;
   long long seq = -1;
+  long long wire = 0;  ///< the sending Engine's wire_id: MPI may reuse a freed communicator's context
   char text[kCtrlText] = {};
 };
 
@@ -226,6 +227,10 @@ struct EngineCore {
   Communicator comm;
   EngineOptions options;
   std::uint64_t id = 0;
+  // Agreed by every rank at construction. A control message still in flight when an Engine is
+  // destroyed can reach the next Engine whose duplicated communicator got the same context id;
+  // messages stamped with another wire_id are dropped.
+  long long wire_id = 0;
   int rank = 0, size = 1;
   MPI_Comm payload = MPI_COMM_NULL, p2p = MPI_COMM_NULL, check = MPI_COMM_NULL;
   std::shared_ptr<MPI_Comm> payload_owner, p2p_owner, check_owner;
@@ -263,6 +268,7 @@ struct EngineCore {
     m->kind = static_cast<int>(kind);
     m->from = rank;
     m->seq = next_seq;
+    m->wire = wire_id;
     std::strncpy(m->text, text.c_str(), kCtrlText - 1);
     MPI_Request r = MPI_REQUEST_NULL;
     if (MPI_Isend(m.get(), sizeof(CtrlMsg), MPI_BYTE, to, kCtrlTag, check, &r) == MPI_SUCCESS)
@@ -316,6 +322,7 @@ struct EngineCore {
     reap_ctrl_sends();
   }
   void handle_ctrl(const CtrlMsg& m) {
+    if (m.wire != wire_id) return;  // left over from an earlier Engine on a reused context
     const std::string text(m.text, strnlen(m.text, kCtrlText));
     switch (static_cast<Ctrl>(m.kind)) {
       case Ctrl::abort:
@@ -730,6 +737,11 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   dup(&c.check, &c.check_owner);
   // Local identity only: groups made by this Engine carry it, and submit() checks it.
   c.id = impl::g_next_engine_id.fetch_add(1);
+  long long local = static_cast<long long>(c.id);
+  c.ok(MPI_Allreduce(&local, &c.wire_id, 1, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  // Later Engines get larger ids on every rank, so no two Engines that coexist share a wire id.
+  for (std::uint64_t seen = impl::g_next_engine_id.load(); seen <= static_cast<std::uint64_t>(c.wire_id);)
+    impl::g_next_engine_id.compare_exchange_weak(seen, static_cast<std::uint64_t>(c.wire_id) + 1);
   void* attr = nullptr;
   int flag = 0;
   c.ok(MPI_Comm_get_attr(c.p2p, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr");

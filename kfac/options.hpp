@@ -1,0 +1,67 @@
+// Options of the K-FAC preconditioner and the three strategies of the SPD-KFAC paper.
+//
+//   strategy   pipelined factor reduction   fusion planner   inverse placement
+//   spd        yes (in the hooks)           optimal          lbp (CT/NCT, Algorithm 1)
+//   mpdkfac    no (after backward)          threshold        sequential (round-robin, all CT)
+//   dkfac      no (after backward)          threshold        replicated (every rank inverts all)
+//
+// Each switch can be set on its own (`pipelined`, `planner`, `placement`), which overrides the
+// strategy's choice: the paper's Table IV ablation. Every combination computes the same
+// preconditioned gradients up to floating-point order.
+//
+// Ranges (Options::validate throws InvalidArgument naming the field and value): damping > 0,
+// factor_decay in [0, 1), factor_every >= 1, inverse_every >= 1, kl_clip >= 0 (0: no clipping),
+// lr > 0, profile_steps >= 0, threshold_bytes >= 1.
+#pragma once
+
+#include <kdist/comm/fusion_plan.hpp>
+#include <kdist/core/inverse.hpp>
+#include <kdist/core/timeline.hpp>
+#include <kdist/kfac/placement.hpp>
+
+#include <optional>
+#include <string>
+
+namespace kdist {
+namespace kfac {
+
+enum class Strategy { spd, mpdkfac, dkfac };
+const char* to_string(Strategy s);
+/// "spd", "mpdkfac" or "dkfac"; false for anything else.
+bool parse_strategy(const std::string& text, Strategy* out);
+
+struct Options {
+  Strategy strategy = Strategy::spd;
+  double damping = 1e-3;       ///< gamma, added to each factor's diagonal before inverting
+  double factor_decay = 0.95;  ///< xi: F <- xi F + (1 - xi) F_new
+  int factor_every = 1;        ///< k1: factors are updated on steps divisible by k1
+  int inverse_every = 1;       ///< k2: inverses are recomputed on steps divisible by k2
+  double kl_clip = 1e-3;       ///< kappa of the KL clip; 0 turns clipping off
+  double lr = 0.1;             ///< learning rate the KL clip assumes (set_learning_rate tracks it)
+  InverseMethod inverse_method = InverseMethod::cholesky;
+  /// Factor steps whose measured ready times feed the first fusion plan (planned once, after
+  /// them; Preconditioner::replan() asks for another). 0: plan at the first step.
+  int profile_steps = 3;
+  std::size_t threshold_bytes = 64u << 20;  ///< the threshold planner's group size
+  /// Calibration file from kdist_calibrate (allreduce, broadcast and spd_inverse entries); empty:
+  /// the stated defaults of CostModelStore.
+  std::string cost_models;
+  Timeline* timeline = nullptr;  ///< optional: per-phase events ("kfac" tracks)
+  // Switches that override the strategy's choice.
+  std::optional<bool> pipelined;
+  std::optional<comm::Planner> planner;
+  std::optional<PlacementKind> placement;
+
+  void validate() const;
+};
+
+/// The switches a strategy and its overrides come to.
+struct Resolved {
+  bool pipelined = true;
+  comm::Planner planner = comm::Planner::optimal;
+  PlacementKind placement = PlacementKind::lbp;
+};
+Resolved resolve(const Options& options);
+
+}  // namespace kfac
+}  // namespace kdist
