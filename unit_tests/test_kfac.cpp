@@ -472,7 +472,7 @@ TEST_CASE("kfac: a failed save leaves the previous file intact", "[kfac]") {
   train(kfac, layers, 0, 1);  // still usable: the save failed before anything collective broke
 }
 
-TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac]") {
+TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-comm]") {
   const auto layers = network();
   const comm::Communicator world(MPI_COMM_WORLD);
   TestExec exec;
