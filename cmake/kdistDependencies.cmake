@@ -37,3 +37,5 @@ endif()
 find_dependency(MPI COMPONENTS CXX)
 find_dependency(BLAS)
 find_dependency(LAPACK)
+# kdist::nn links zlib privately; a static libkdist_nn still needs it at the consumer's link.
+find_dependency(ZLIB)
