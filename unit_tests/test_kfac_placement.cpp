@@ -142,7 +142,7 @@ TEST_CASE("placement: LBP gives the largest CT factor to the least-loaded rank",
   CHECK(p.modelled_time == Approx(35e-6));
 }
 
-TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP <= c(P) OPT", "[kfac][placement]") {
+TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP <= c(P) OPT", "[kfac][placement][slow]") {
   std::mt19937_64 rng(20240611);
   std::vector<double> ratios, worst(5, 1.0);
   int ct = 0, nct = 0;
@@ -181,7 +181,7 @@ TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP
     std::printf("  P = %d: worst %.4f, proven bound %.1f\n", p, worst[p], kdist::kfac::lbp_bound_factor(p));
 }
 
-TEST_CASE("placement: optimal beats LBP on equal factors and proves it", "[kfac][placement]") {
+TEST_CASE("placement: optimal beats LBP on equal factors and proves it", "[kfac][placement][slow]") {
   // 31 equal factors, inverse 0.6 s and broadcast 0.4 s, on 2 ranks: LBP splits 16/15 (16 s);
   // the optimum keeps one factor local: 15 + 0.6 = 15.6 s (lower bound 31/2 = 15.5 s).
   PlacementModels m;
@@ -208,7 +208,7 @@ TEST_CASE("placement: optimal falls back to LBP above N*P = 64", "[kfac][placeme
   CHECK(at_limit.exact);
 }
 
-TEST_CASE("placement: optimal stops at its node limit with a plan no worse than LBP", "[kfac][placement]") {
+TEST_CASE("placement: optimal stops at its node limit with a plan no worse than LBP", "[kfac][placement][slow]") {
   // 32 distinct, nearly equal CT factors on 2 ranks: a partition problem the bound cannot close.
   PlacementModels m;
   m.inverse = CostModel::linear(0.0, 1e-10);
