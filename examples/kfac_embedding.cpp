@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
           dp(i, j) = (p(i, j) - y(i, j)) / n;  // gradient of the mean loss
         }
       kfac.on_backward(exec, 1, dp);  // 2. each layer's output gradient, last layer first
-      mul(dp, W2, g2.weight, true);
+      mul(dp, h, g2.weight, true);
       for (int i = 0; i < n; ++i)
         for (int j = 0; j < hidden; ++j) {
           double s = 0;
