@@ -38,6 +38,24 @@ KOKKOS_INLINE_FUNCTION T abs(T x) {
 #endif
 }
 
+/// Device-callable exponential and natural logarithm (the same versions as sqrt).
+template <class T>
+KOKKOS_INLINE_FUNCTION T exp(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::exp(x);
+#else
+  return Kokkos::Experimental::exp(x);
+#endif
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T log(T x) {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::log(x);
+#else
+  return Kokkos::Experimental::log(x);
+#endif
+}
+
 /// Device-callable finiteness test (std::isfinite is host-only; x - x is NaN for Inf and NaN).
 template <class T>
 KOKKOS_INLINE_FUNCTION bool isfinite(T x) {

@@ -1,0 +1,198 @@
+// The parameter-free reference layers: ReLU, MaxPool2d and Flatten (namespace kdist::nn).
+//
+//   ReLU<T, Mem> relu;        relu.forward(exec, x, y)    y := max(x, 0), x and y B x N or NCHW
+//                             relu.backward(exec, dy, dx) dx := dy where x > 0, else 0
+//   MaxPool2d<T, Mem> pool(k) pool.forward(exec, x, y)    x (B, C, H, W) -> y (B, C, H/k, W/k)
+//                             (kernel = stride = k, no padding; rows/columns past the last whole
+//                             window are dropped, like PyTorch); the first maximum of a window wins
+//                             pool.backward(exec, dy, dx) dx := dy at each window's maximum, else 0
+//   Flatten<T, Mem> flatten   flatten.forward(exec, x) -> x as B x (C·H·W)
+//                             flatten.backward(exec, dy) -> dy as (B, C, H, W) of the last forward
+//                             Both return views of the argument's LayoutRight storage (no copy,
+//                             not owning it: keep the argument alive); an argument that is not
+//                             contiguous is copied into the layer's own buffer first.
+//
+// ReLU keeps a reference to x (x must stay unchanged until backward); MaxPool2d keeps the argmax
+// of each window. Outputs must not share storage with inputs. Views are LayoutRight in Mem,
+// T float or double; every kernel runs on `exec`. Errors (InvalidArgument
+// "kdist::nn::<Layer>::<method>: ... "): extents that do not fit, k < 1 or a window larger than
+// the input, overlapping views, backward before forward, with the sizes in the message.
+#pragma once
+
+#include <kdist/nn/tensor.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <string>
+
+namespace kdist {
+namespace nn {
+namespace impl {
+
+/// y := max(x, 0) elementwise (x, y rank-1).
+template <class ExecSpace, class XV, class YV>
+void relu_forward(const ExecSpace& exec, const XV& x, const YV& y) {
+  using T = typename YV::non_const_value_type;
+  Kokkos::parallel_for(
+      "kdist::nn::ReLU::forward", Kokkos::RangePolicy<ExecSpace>(exec, 0, y.extent(0)),
+      KOKKOS_LAMBDA(const int i) { y(i) = x(i) > T(0) ? x(i) : T(0); });
+}
+
+/// dx := dy where x > 0, else 0 (all rank-1).
+template <class ExecSpace, class XV, class DYV, class DXV>
+void relu_backward(const ExecSpace& exec, const XV& x, const DYV& dy, const DXV& dx) {
+  using T = typename DXV::non_const_value_type;
+  Kokkos::parallel_for(
+      "kdist::nn::ReLU::backward", Kokkos::RangePolicy<ExecSpace>(exec, 0, dx.extent(0)),
+      KOKKOS_LAMBDA(const int i) { dx(i) = x(i) > T(0) ? dy(i) : T(0); });
+}
+
+}  // namespace impl
+
+/// max(x, 0) on rank-2 (B x N) or rank-4 (NCHW) tensors.
+template <class T, class Mem = Kokkos::DefaultExecutionSpace::memory_space>
+class ReLU {
+ public:
+  using execution_space = typename Mem::execution_space;
+
+  void forward(const execution_space& exec, const ConstTensor2<T, Mem>& x, const Tensor2<T, Mem>& y) {
+    forward_any(exec, x, y);
+    x2_ = x;
+    x4_ = {};
+  }
+  void forward(const execution_space& exec, const ConstTensor4<T, Mem>& x, const Tensor4<T, Mem>& y) {
+    forward_any(exec, x, y);
+    x4_ = x;
+    x2_ = {};
+  }
+  void backward(const execution_space& exec, const ConstTensor2<T, Mem>& dy, const Tensor2<T, Mem>& dx) {
+    backward_any(exec, x2_, dy, dx);
+  }
+  void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx) {
+    backward_any(exec, x4_, dy, dx);
+  }
+
+ private:
+  template <class XV, class YV>
+  void forward_any(const execution_space& exec, const XV& x, const YV& y) {
+    constexpr const char* func = "kdist::nn::ReLU::forward";
+    impl::require_extents(func, y, impl::extents_of(x), "(the input's extents " + impl::describe(x) + ")");
+    impl::require_disjoint(func, x, y);
+    impl::relu_forward(exec, flat(func, x), flat(func, y));
+  }
+  template <class XV, class DYV, class DXV>
+  void backward_any(const execution_space& exec, const XV& x, const DYV& dy, const DXV& dx) {
+    constexpr const char* func = "kdist::nn::ReLU::backward";
+    if (x.data() == nullptr)
+      impl::throw_invalid(func, "called before a forward of rank " + std::to_string(compat::view_rank<XV>()));
+    impl::require_extents(func, dy, impl::extents_of(x), "(the extents of forward's input " + impl::describe(x) + ")");
+    impl::require_extents(func, dx, impl::extents_of(x), "(the extents of forward's input " + impl::describe(x) + ")");
+    impl::require_disjoint(func, dy, dx);
+    impl::relu_backward(exec, flat(func, x), flat(func, dy), flat(func, dx));
+  }
+
+  ConstTensor2<T, Mem> x2_;  // the input of the last forward, whichever rank it had
+  ConstTensor4<T, Mem> x4_;
+};
+
+/// Max pooling with kernel = stride = k over NCHW tensors.
+template <class T, class Mem = Kokkos::DefaultExecutionSpace::memory_space>
+class MaxPool2d {
+ public:
+  using execution_space = typename Mem::execution_space;
+
+  explicit MaxPool2d(int k) : k_(k) {
+    if (k < 1) impl::throw_invalid("kdist::nn::MaxPool2d", "kernel " + std::to_string(k) + " must be >= 1");
+  }
+  int kernel() const noexcept { return k_; }
+  /// "MaxPool2d(2)".
+  std::string describe() const { return "MaxPool2d(" + std::to_string(k_) + ")"; }
+
+  void forward(const execution_space& exec, const ConstTensor4<T, Mem>& x, const Tensor4<T, Mem>& y) {
+    constexpr const char* func = "kdist::nn::MaxPool2d::forward";
+    const std::size_t k = static_cast<std::size_t>(k_);
+    if (x.size() == 0 || x.extent(2) < k || x.extent(3) < k)
+      impl::throw_invalid(func,
+                          "input " + impl::describe(x) + " is empty or smaller than the window for " + describe());
+    impl::require_extents(func, y, {x.extent(0), x.extent(1), x.extent(2) / k, x.extent(3) / k},
+                          "(batch x channels x height/" + std::to_string(k_) + " x width/" + std::to_string(k_) +
+                              ") for " + describe() + " of " + impl::describe(x));
+    impl::require_disjoint(func, x, y);
+    impl::ensure_like(exec, argmax_, "kdist::nn::MaxPool2d::argmax", y);
+    const int K = k_;
+    const auto argmax = argmax_;
+    Kokkos::parallel_for(
+        func, impl::over(exec, y), KOKKOS_LAMBDA(const int b, const int c, const int i, const int j) {
+          int best = 0;
+          T m = x(b, c, i * K, j * K);
+          for (int p = 0; p < K; ++p)
+            for (int q = 0; q < K; ++q)
+              if (x(b, c, i * K + p, j * K + q) > m) {
+                m = x(b, c, i * K + p, j * K + q);
+                best = p * K + q;
+              }
+          y(b, c, i, j) = m;
+          argmax(b, c, i, j) = best;
+        });
+    input_ = impl::extents_of(x);
+  }
+
+  void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx) {
+    constexpr const char* func = "kdist::nn::MaxPool2d::backward";
+    if (argmax_.data() == nullptr) impl::throw_invalid(func, "called before forward on " + describe());
+    impl::require_extents(func, dy, impl::extents_of(argmax_), "(forward's output) for " + describe());
+    impl::require_extents(func, dx, input_, "(forward's input) for " + describe());
+    impl::require_disjoint(func, dy, dx);
+    // A gather over dx: windows do not overlap, so each element has at most one window.
+    const int K = k_, OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
+    const auto argmax = argmax_;
+    Kokkos::parallel_for(
+        func, impl::over(exec, dx), KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+          const int i = h / K, j = w / K;
+          const bool routed = i < OH && j < OW && argmax(b, c, i, j) == (h % K) * K + w % K;
+          dx(b, c, h, w) = routed ? dy(b, c, i, j) : T(0);
+        });
+  }
+
+ private:
+  int k_;
+  Kokkos::View<int****, Kokkos::LayoutRight, Mem> argmax_;  // p·k + q of each window's maximum
+  std::array<std::size_t, 4> input_{};
+};
+
+/// NCHW <-> B x (C·H·W) on the same storage.
+template <class T, class Mem = Kokkos::DefaultExecutionSpace::memory_space>
+class Flatten {
+ public:
+  using execution_space = typename Mem::execution_space;
+
+  ConstTensor2<T, Mem> forward(const execution_space& exec, const ConstTensor4<T, Mem>& x) {
+    const T* data = contiguous_data(exec, x, x_copy_, "kdist::nn::Flatten::input");
+    input_ = impl::extents_of(x);
+    return ConstTensor2<T, Mem>(data, x.extent(0), x.extent(1) * x.extent(2) * x.extent(3));
+  }
+  ConstTensor4<T, Mem> backward(const execution_space& exec, const ConstTensor2<T, Mem>& dy) {
+    constexpr const char* func = "kdist::nn::Flatten::backward";
+    if (input_[0] == 0) impl::throw_invalid(func, "called before forward");
+    impl::require_extents(func, dy, {input_[0], input_[1] * input_[2] * input_[3]},
+                          "(batch x channels*height*width of forward's input)");
+    const T* data = contiguous_data(exec, dy, dy_copy_, "kdist::nn::Flatten::gradient");
+    return ConstTensor4<T, Mem>(data, input_[0], input_[1], input_[2], input_[3]);
+  }
+
+ private:
+  /// v's storage when contiguous, else that of v copied into `copy`.
+  template <class V, class C>
+  static const T* contiguous_data(const execution_space& exec, const V& v, C& copy, const char* label) {
+    if (v.span_is_contiguous()) return v.data();
+    impl::ensure_like(exec, copy, label, v);
+    Kokkos::deep_copy(exec, copy, v);
+    return copy.data();
+  }
+
+  std::array<std::size_t, 4> input_{};  // forward's input extents (batch 0: none yet)
+  Tensor4<T, Mem> x_copy_;
+  Tensor2<T, Mem> dy_copy_;
+};
+
+}  // namespace nn
+}  // namespace kdist
