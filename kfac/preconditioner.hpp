@@ -37,6 +37,7 @@
 #include <kdist/core/phase.hpp>
 #include <kdist/core/products.hpp>
 #include <kdist/kfac/factors.hpp>
+#include <kdist/kfac/impl/kernels.hpp>
 #include <kdist/kfac/layers.hpp>
 #include <kdist/kfac/options.hpp>
 #include <kdist/kfac/placement.hpp>
@@ -175,9 +176,7 @@ Preconditioner<T, M>::Preconditioner(const comm::Communicator& comm, std::vector
     items.push_back({label, d});
     tensors.push_back({label, static_cast<std::size_t>(d), true});
     Matrix F("kdist::kfac::" + label, d, d), pending("kdist::kfac::pending_" + label, d, d);
-    Kokkos::parallel_for(
-        "kdist::kfac::identity", Kokkos::RangePolicy<execution_space>(0, d),
-        KOKKOS_LAMBDA(const int i) { F(i, i) = T(1); });
+    impl::fill_identity(execution_space(), F);
     running_.push_back(F);
     pending_.push_back(pending);
     inverse_.push_back(Matrix("kdist::kfac::inverse_" + label, d, d));
@@ -364,10 +363,7 @@ void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const L
 template <class T, class M>
 void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, const Matrix& fresh, int l) {
   const int d = static_cast<int>(fresh.extent(0));
-  int bad = 0;
-  Kokkos::parallel_reduce(
-      "kdist::kfac::check_factor", Kokkos::RangePolicy<execution_space>(exec, 0, d),
-      KOKKOS_LAMBDA(const int i, int& count) { count += compat::isfinite(fresh(i, i)) ? 0 : 1; }, bad);
+  const int bad = impl::count_nonfinite_diagonal(exec, fresh);
   if (bad > 0) {
     const bool is_a = f < layers();
     raise(NonFiniteError(
@@ -379,10 +375,7 @@ void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, con
   }
   const Matrix F = running_[static_cast<std::size_t>(f)], P = pending_[static_cast<std::size_t>(f)];
   const T xi = static_cast<T>(options_.factor_decay);
-  Kokkos::parallel_for(
-      "kdist::kfac::running_average", Kokkos::RangePolicy<execution_space>(exec, 0, d), KOKKOS_LAMBDA(const int j) {
-        for (int i = 0; i < d; ++i) P(i, j) = xi * F(i, j) + (T(1) - xi) * fresh(i, j);
-      });
+  impl::blend(exec, P, F, fresh, xi);
   if (switches_.pipelined) fused_->ready(exec, f, P);
 }
 

@@ -22,16 +22,8 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
     const Matrix W = work_[static_cast<std::size_t>(l)], V = result_[static_cast<std::size_t>(l)];
-    const int outputs = layer.outputs(), inputs = layer.inputs();
-    const bool bias = layer.bias();
-    const auto weight = g.weight;
-    const auto b = g.bias;
-    Kokkos::parallel_for(
-        "kdist::kfac::gather_gradient", Kokkos::RangePolicy<execution_space>(exec, 0, outputs),
-        KOKKOS_LAMBDA(const int i) {
-          for (int j = 0; j < inputs; ++j) W(i, j) = weight(i, j);
-          if (bias) W(i, inputs) = b(i);
-        });
+    const int outputs = layer.outputs();
+    impl::gather_gradient(exec, W, g.weight, g.bias, layer.bias());
     // V := G^-1 W, then R := V A^-1 in the scratch, copied back into V.
     gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], W, T(0), V);
     const std::size_t need = static_cast<std::size_t>(outputs) * static_cast<std::size_t>(layer.a_dim());
@@ -40,13 +32,7 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
     const Matrix R(scratch_.data(), outputs, layer.a_dim());
     gemm(exec, "N", "N", T(1), V, inverse_[static_cast<std::size_t>(a_index(l))], T(0), R);
     Kokkos::deep_copy(exec, V, R);
-    double dot = 0;
-    Kokkos::parallel_reduce(
-        "kdist::kfac::kl_dot", Kokkos::RangePolicy<execution_space>(exec, 0, outputs),
-        KOKKOS_LAMBDA(const int i, double& sum) {
-          for (int j = 0; j < static_cast<int>(W.extent(1)); ++j) sum += double(V(i, j)) * double(W(i, j));
-        },
-        dot);
+    const double dot = impl::inner(exec, V, W);
     if (!std::isfinite(dot))
       raise(NonFiniteError("kdist::kfac::step", "gradient of layer " + std::to_string(l) + " " + layer.describe(),
                            static_cast<long long>(need), engine_.rank(),
@@ -59,16 +45,7 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
     const Matrix V = result_[static_cast<std::size_t>(l)];
-    const int inputs = layer.inputs();
-    const bool bias = layer.bias();
-    const auto weight = g.weight;
-    const auto b = g.bias;
-    Kokkos::parallel_for(
-        "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<execution_space>(exec, 0, layer.outputs()),
-        KOKKOS_LAMBDA(const int i) {
-          for (int j = 0; j < inputs; ++j) weight(i, j) = nu * V(i, j);
-          if (bias) b(i) = nu * V(i, inputs);
-        });
+    impl::scatter_gradient(exec, g.weight, g.bias, V, nu, layer.bias());
   }
   last_clip_ = static_cast<double>(nu);
   stats_.precondition += phase_end(exec, t0);
