@@ -45,6 +45,8 @@ class SGD {
   void set_learning_rate(double lr) { lr_ = check("lr", lr); }
   double learning_rate() const noexcept { return lr_; }
   const std::vector<Parameter<T, Mem>>& parameters() const noexcept { return parameters_; }
+  /// The momentum buffers, one per parameter: the optimizer's state, for checkpoints.
+  const std::vector<Tensor1<T, Mem>>& velocities() const noexcept { return velocity_; }
 
   void step(const execution_space& exec) {
     const T lr = static_cast<T>(lr_), mu = static_cast<T>(momentum_), wd = static_cast<T>(weight_decay_);

@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Installs missing Debian packages, builds kdist (Release, build/) and runs the main job.
-# Until the Fashion-MNIST example lands, the main job is the SPD-inverse benchmark.
+# Installs missing Debian packages, builds kdist (Release, build/) and runs the main job: K-FAC
+# (SPD-KFAC) training the Fashion-MNIST MLP on 2 ranks, then draws the training curves with
+# gnuplot. Extra arguments go to the job (e.g. --epochs 5, --model cnn, --optimizer sgd).
+# Output: demo/ (CSV log, Chrome trace, curves.png).
 source "$(dirname "$0")/common.sh"
+KDIST_PACKAGES+=(gnuplot-nox)
 kdist_install_packages
 kdist_build
-unset OPENBLAS_NUM_THREADS  # one process: let OpenBLAS use every core, in every column alike
-"$KDIST_BUILD/perf/bench_inverse" --json "$KDIST_BUILD/bench_inverse.json" "$@"
-echo "rows written to $KDIST_BUILD/bench_inverse.json"
+OUT="${KDIST_DEMO_OUT:-$KDIST_ROOT/demo}"
+mkdir -p "$OUT"
+export OPENBLAS_NUM_THREADS=1  # one core per rank
+mpiexec -n 2 "$KDIST_BUILD/examples/fashion_mnist" --model mlp --optimizer kfac --epochs 3 \
+  --log "$OUT/training.csv" --trace "$OUT/trace.json" "$@" | tee "$OUT/output.txt"
+gnuplot -e "csv='$OUT/training.csv'; png='$OUT/curves.png'" "$KDIST_ROOT/scripts/curves.gp"
+accuracy=$(tail -n 1 "$OUT/output.txt")
+echo
+echo "$accuracy"
+echo "CSV log:         $OUT/training.csv"
+echo "Chrome trace:    $OUT/trace.json (open in chrome://tracing or ui.perfetto.dev)"
+echo "training curves: $OUT/curves.png"

@@ -1,0 +1,171 @@
+// The two Fashion-MNIST models of the main job, built from nn/ reference layers:
+//   mlp: 784-256-128-10 with ReLU (the dataset benchmark's MLP 256-128-100 row)
+//   cnn: Conv2d(1,16,5x5,pad 2) ReLU MaxPool2 -> Conv2d(16,32,5x5,pad 2) ReLU MaxPool2 ->
+//        Flatten -> Dense(1568,128) ReLU -> Dense(128,10)   (its "2 Conv + pooling" row)
+// forward() takes a batch of normalised images (B x 784) and returns the logits; backward()
+// takes the loss gradient. attach() hands every weight layer its K-FAC index, so the layers call
+// the preconditioner's hooks themselves. Intermediate tensors are reallocated only when the batch
+// size changes (the last, partial batch of an epoch).
+#pragma once
+
+#include <kdist/nn/activations.hpp>
+#include <kdist/nn/conv2d.hpp>
+#include <kdist/nn/dense.hpp>
+#include <kdist/nn/init.hpp>
+#include <kdist/nn/sgd.hpp>
+
+#include <string>
+#include <vector>
+
+namespace fmnist {
+
+using namespace kdist;
+
+template <class T, class Mem>
+class Model {
+ public:
+  using execution_space = typename Mem::execution_space;
+  using T2 = nn::Tensor2<T, Mem>;
+  using T4 = nn::Tensor4<T, Mem>;
+  using C2 = nn::ConstTensor2<T, Mem>;
+  using C4 = nn::ConstTensor4<T, Mem>;
+  using Gradient = typename kfac::Preconditioner<T, Mem>::Gradient;
+
+  Model(const std::string& kind, std::uint64_t seed) : cnn_(kind == "cnn") {
+    if (cnn_) {
+      conv_.emplace_back(1, 16, 5, 5, 1, 2, true);
+      conv_.emplace_back(16, 32, 5, 5, 1, 2, true);
+      dense_.emplace_back(32 * 7 * 7, 128, true);
+      dense_.emplace_back(128, 10, true);
+    } else {
+      dense_.emplace_back(784, 256, true);
+      dense_.emplace_back(256, 128, true);
+      dense_.emplace_back(128, 10, true);
+    }
+    execution_space exec;
+    std::uint64_t s = seed;
+    for (auto& c : conv_) nn::he_normal(exec, c.weight(), c.kfac_layer().inputs(), s++);
+    for (auto& d : dense_) nn::he_normal(exec, d.weight(), d.inputs(), s++);
+    relu_.resize(conv_.size() + dense_.size() - 1);
+    pool_.assign(conv_.size(), nn::MaxPool2d<T, Mem>(2));
+  }
+
+  std::vector<kfac::Layer> kfac_layers() const {
+    std::vector<kfac::Layer> l;
+    for (const auto& c : conv_) l.push_back(c.kfac_layer());
+    for (const auto& d : dense_) l.push_back(d.kfac_layer());
+    return l;
+  }
+  void attach(kfac::Preconditioner<T, Mem>* kfac) {
+    int i = 0;
+    for (auto& c : conv_) c.attach(kfac, i++);
+    for (auto& d : dense_) d.attach(kfac, i++);
+  }
+  std::vector<nn::Parameter<T, Mem>> parameters() const {
+    std::vector<nn::Parameter<T, Mem>> p;
+    for (const auto& c : conv_) append(p, c.parameters());
+    for (const auto& d : dense_) append(p, d.parameters());
+    return p;
+  }
+  std::vector<Gradient> gradients() const {
+    std::vector<Gradient> g;
+    for (const auto& c : conv_) g.push_back(c.gradient());
+    for (const auto& d : dense_) g.push_back(d.gradient());
+    return g;
+  }
+
+  C2 forward(const execution_space& exec, const C2& x) {
+    const int B = static_cast<int>(x.extent(0));
+    if (B != batch_) allocate(B);
+    C2 h = x;
+    if (cnn_) h = conv_forward(exec, C4(x.data(), B, 1, 28, 28));
+    for (std::size_t k = 0; k < dense_.size(); ++k) {
+      dense_[k].forward(exec, h, z_[k]);
+      if (k + 1 == dense_.size()) return z_[k];
+      relu_[conv_.size() + k].forward(exec, C2(z_[k]), a_[k]);
+      h = a_[k];
+    }
+    return h;
+  }
+
+  void backward(const execution_space& exec, const T2& dlogits) {
+    T2 dy = dlogits;
+    for (std::size_t k = dense_.size(); k-- > 0;) {
+      if (k == 0 && !cnn_) {
+        dense_[k].backward(exec, dy);
+        return;
+      }
+      dense_[k].backward(exec, dy, k == 0 ? dflat_ : da_[k - 1]);
+      if (k > 0) {
+        relu_[conv_.size() + k - 1].backward(exec, da_[k - 1], dz_[k - 1]);
+        dy = dz_[k - 1];
+      }
+    }
+    conv_backward(exec);
+  }
+
+ private:
+  static void append(std::vector<nn::Parameter<T, Mem>>& to, const std::vector<nn::Parameter<T, Mem>>& from) {
+    to.insert(to.end(), from.begin(), from.end());
+  }
+
+  void allocate(int B) {
+    batch_ = B;
+    z_.clear();
+    a_.clear();
+    dz_.clear();
+    da_.clear();
+    for (std::size_t k = 0; k < dense_.size(); ++k) {
+      z_.emplace_back("z", B, dense_[k].outputs());
+      a_.emplace_back("a", B, dense_[k].outputs());
+      dz_.emplace_back("dz", B, dense_[k].outputs());
+      da_.emplace_back("da", B, dense_[k].outputs());
+    }
+    if (!cnn_) return;
+    cz_ = {T4("c1", B, 16, 28, 28), T4("c2", B, 32, 14, 14)};
+    ca_ = {T4("r1", B, 16, 28, 28), T4("r2", B, 32, 14, 14)};
+    cp_ = {T4("p1", B, 16, 14, 14), T4("p2", B, 32, 7, 7)};
+    dcz_ = {T4("dc1", B, 16, 28, 28), T4("dc2", B, 32, 14, 14)};
+    dca_ = {T4("dr1", B, 16, 28, 28), T4("dr2", B, 32, 14, 14)};
+    dcp_ = {T4("dp1", B, 16, 14, 14), T4("dp2", B, 32, 7, 7)};
+    dflat_ = T2("dflat", B, 32 * 7 * 7);
+  }
+
+  C2 conv_forward(const execution_space& exec, const C4& x) {
+    C4 h = x;
+    for (std::size_t k = 0; k < conv_.size(); ++k) {
+      conv_[k].forward(exec, h, cz_[k]);
+      relu_[k].forward(exec, C4(cz_[k]), ca_[k]);
+      pool_[k].forward(exec, ca_[k], cp_[k]);
+      h = cp_[k];
+    }
+    return flatten_.forward(exec, h);
+  }
+
+  void conv_backward(const execution_space& exec) {
+    C4 dy = flatten_.backward(exec, dflat_);
+    for (std::size_t k = conv_.size(); k-- > 0;) {
+      pool_[k].backward(exec, dy, dca_[k]);
+      relu_[k].backward(exec, dca_[k], dcz_[k]);
+      if (k == 0) {
+        conv_[k].backward(exec, dcz_[k]);
+      } else {
+        conv_[k].backward(exec, dcz_[k], dcp_[k - 1]);
+        dy = dcp_[k - 1];
+      }
+    }
+  }
+
+  bool cnn_;
+  int batch_ = -1;
+  std::vector<nn::Conv2d<T, Mem>> conv_;
+  std::vector<nn::Dense<T, Mem>> dense_;
+  std::vector<nn::ReLU<T, Mem>> relu_;
+  std::vector<nn::MaxPool2d<T, Mem>> pool_;
+  nn::Flatten<T, Mem> flatten_;
+  std::vector<T2> z_, a_, dz_, da_;
+  std::vector<T4> cz_, ca_, cp_, dcz_, dca_, dcp_;
+  T2 dflat_;
+};
+
+}  // namespace fmnist
