@@ -40,7 +40,8 @@ using Flat = Kokkos::View<T*, Mem>;
 struct Settings {
   std::string model = "mlp", optimizer = "kfac", strategy = "spd", reduce = "average";
   int epochs = 10, batch = 64, factor_every = 1, inverse_every = 10, limit_batches = 0;
-  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, damping = 0.003, factor_decay = 0.95, kl_clip = 0.001;
+  // lr and momentum < 0: the optimizer's default (sgd: 0.05 and 0.9; kfac: 0.1 and 0).
+  double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.1, factor_decay = 0.95, kl_clip = 0.03;
   std::uint64_t seed = 1;
   std::string data = nn::kFashionMnistDefaultDir, trace, log, checkpoint, resume, save_model;
   bool quiet = false;
@@ -61,8 +62,9 @@ void add_options(CLI::App& app, Settings& s) {
       ->capture_default_str();
   app.add_option("--epochs", s.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch", s.batch, "samples per rank per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", s.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--momentum", s.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--lr", s.lr, "learning rate [default: 0.05 with sgd, 0.1 with kfac]")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", s.momentum, "SGD momentum [default: 0.9 with sgd, 0 with kfac]")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", s.weight_decay, "L2 weight decay")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -114,6 +116,13 @@ Batch gather(const nn::Dataset& d, const std::vector<int>& idx) {
   Kokkos::deep_copy(b.x, hx);
   Kokkos::deep_copy(b.y, hy);
   return b;
+}
+
+// A free function: nvcc takes no KOKKOS_LAMBDA inside a private member function.
+void scale_by(const Exec& exec, const Flat& g, T factor) {
+  Kokkos::parallel_for(
+      "scale_gradient", Kokkos::RangePolicy<Exec>(exec, 0, g.extent(0)),
+      KOKKOS_LAMBDA(const int j) { g(j) *= factor; });
 }
 
 class Trainer {
@@ -228,10 +237,7 @@ void Trainer::reduce_and_update(int local, int global) {
     fused_->begin();
     for (std::size_t i = 0; i < gradient_views_.size(); ++i) {
       const Flat g = gradient_views_[i];
-      if (scale != T(1))
-        Kokkos::parallel_for(
-            "scale_gradient", Kokkos::RangePolicy<Exec>(exec, 0, g.extent(0)),
-            KOKKOS_LAMBDA(const int j) { g(j) *= scale; });
+      if (scale != T(1)) scale_by(exec, g, scale);
       fused_->ready(exec, static_cast<int>(i), g);
     }
     fused_->wait(exec);
@@ -351,6 +357,9 @@ int main(int argc, char** argv) {
       rc = rank == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
     }
     if (train) {
+      const bool kfac = s.optimizer == "kfac";
+      if (s.lr < 0) s.lr = kfac ? 0.1 : 0.05;
+      if (s.momentum < 0) s.momentum = kfac ? 0.0 : 0.9;
       try {
         const nn::FashionMnist data = nn::load_fashion_mnist(s.data);
         Trainer trainer(s, data);
