@@ -41,7 +41,7 @@ struct Settings {
   std::string model = "mlp", optimizer = "kfac", strategy = "spd", reduce = "average";
   int epochs = 10, batch = 64, factor_every = 1, inverse_every = 10, limit_batches = 0;
   // lr and momentum < 0: the optimizer's default (sgd: 0.05 and 0.9; kfac: 0.1 and 0).
-  double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.1, factor_decay = 0.95, kl_clip = 0.03;
+  double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
   std::uint64_t seed = 1;
   std::string data = nn::kFashionMnistDefaultDir, trace, log, checkpoint, resume, save_model;
   bool quiet = false;
@@ -329,6 +329,13 @@ void Trainer::run() {
     save(e + 1, log_lines);
   }
   if (!s_.trace.empty()) fmnist::write_trace(s_.trace, timeline_);
+  if (root && kfac_ && !s_.quiet) {
+    const kfac::Stats k = kfac_->stats();
+    std::printf(
+        "K-FAC on rank 0 (s): factors %.2f, factor all-reduce exposed %.2f, inverses %.2f, inverse broadcast "
+        "exposed %.2f, preconditioning %.2f\n",
+        k.factor_compute, k.factor_comm_exposed, k.inverse_compute, k.inverse_comm_exposed, k.precondition);
+  }
   if (root && !s_.save_model.empty()) fmnist::save_model(s_.save_model, model_.parameters());
   if (root)
     std::printf("test accuracy %.2f %% after %d epoch(s), %.1f s of training%s%s\n", 100 * last_test, s_.epochs,
