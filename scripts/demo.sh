@@ -10,7 +10,7 @@ kdist_build
 OUT="${KDIST_DEMO_OUT:-$KDIST_ROOT/demo}"
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1  # one core per rank
-mpiexec -n 2 "$KDIST_BUILD/examples/fashion_mnist" --model mlp --optimizer kfac --epochs 3 \
+mpiexec -n 2 "$KDIST_BUILD/examples/fashion_mnist" --model mlp --optimizer kfac --epochs 4 \
   --log "$OUT/training.csv" --trace "$OUT/trace.json" "$@" | tee "$OUT/output.txt"
 gnuplot -e "csv='$OUT/training.csv'; png='$OUT/curves.png'" "$KDIST_ROOT/scripts/curves.gp"
 accuracy=$(tail -n 1 "$OUT/output.txt")
