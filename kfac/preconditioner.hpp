@@ -130,7 +130,8 @@ class Preconditioner {
   void precondition(const execution_space& exec, const std::vector<Gradient>& gradients);
   void check_gradient(int l, const Gradient& g) const;
   void maybe_replan();
-  Matrix scratch_matrix(int d);
+  /// rows x cols over the reused scratch (fresh factors, the preconditioning's middle product).
+  Matrix scratch_matrix(int rows, int cols);
   double phase_end(const execution_space& exec, double t0) const;
   StateHeader header() const;
 
@@ -230,11 +231,11 @@ void Preconditioner<T, M>::check_order(const char* hook, int l, int expected) {
 }
 
 template <class T, class M>
-typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::scratch_matrix(int d) {
-  const std::size_t need = static_cast<std::size_t>(d) * static_cast<std::size_t>(d);
+typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::scratch_matrix(int rows, int cols) {
+  const std::size_t need = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   if (scratch_.extent(0) < need)
-    scratch_ = Vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::fresh_factor"), need);
-  return Matrix(scratch_.data(), d, d);
+    scratch_ = Vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::scratch"), need);
+  return Matrix(scratch_.data(), rows, cols);
 }
 
 template <class T, class M>
@@ -255,7 +256,7 @@ void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const 
   Phase phase("kdist::kfac::factor A", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
   if (l == 0 && switches_.pipelined) fused_->begin();
-  const Matrix fresh = scratch_matrix(layer.a_dim());
+  const Matrix fresh = scratch_matrix(layer.a_dim(), layer.a_dim());
   try {
     compute_a(exec, layer, x, fresh);
   } catch (const Error& e) {
@@ -284,7 +285,7 @@ void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const
   }
   Phase phase("kdist::kfac::factor G", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
-  const Matrix fresh = scratch_matrix(layer.g_dim());
+  const Matrix fresh = scratch_matrix(layer.g_dim(), layer.g_dim());
   try {
     compute_g(exec, l, layer, dy, fresh);
   } catch (const Error& e) {

@@ -24,18 +24,14 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
     const Matrix W = work_[static_cast<std::size_t>(l)], V = result_[static_cast<std::size_t>(l)];
     const int outputs = layer.outputs();
     impl::gather_gradient(exec, W, g.weight, g.bias, layer.bias());
-    // V := G^-1 W, then R := V A^-1 in the scratch, copied back into V.
-    gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], W, T(0), V);
-    const std::size_t need = static_cast<std::size_t>(outputs) * static_cast<std::size_t>(layer.a_dim());
-    if (scratch_.extent(0) < need)
-      scratch_ = Vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::fresh_factor"), need);
-    const Matrix R(scratch_.data(), outputs, layer.a_dim());
-    gemm(exec, "N", "N", T(1), V, inverse_[static_cast<std::size_t>(a_index(l))], T(0), R);
-    Kokkos::deep_copy(exec, V, R);
+    // R := G^-1 W in the scratch, then V := R A^-1.
+    const Matrix R = scratch_matrix(outputs, layer.a_dim());
+    gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], W, T(0), R);
+    gemm(exec, "N", "N", T(1), R, inverse_[static_cast<std::size_t>(a_index(l))], T(0), V);
     const double dot = impl::inner(exec, V, W);
     if (!std::isfinite(dot))
       raise(NonFiniteError("kdist::kfac::step", "gradient of layer " + std::to_string(l) + " " + layer.describe(),
-                           static_cast<long long>(need), engine_.rank(),
+                           static_cast<long long>(W.size()), engine_.rank(),
                            "the preconditioned gradient's inner product with the gradient is " + std::to_string(dot)));
     total += dot;
   }
