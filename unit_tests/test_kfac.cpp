@@ -527,6 +527,14 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
         }(),
         Catch::Contains("takes a weight gradient 4 x 7"));
   }
+  SECTION("ranks that disagree on the layer list: a mismatch on every rank, not a wrong answer") {
+    if (world_size() > 1) {
+      const bool odd = world_rank() == 1;
+      const std::vector<Layer> mine = {Dense(7, 4, true), Dense(4, odd ? 2 : 3, false)};
+      Preconditioner<double, TestMem> kfac(world, mine, base_options());
+      CHECK_THROWS_AS(train(kfac, mine, 0, 1), Error);
+    }
+  }
   SECTION("NaN in one rank's activations: that rank names it, the others hear it") {
     Preconditioner<double, TestMem> kfac(world, layers, base_options());
     const bool poisoned = world_rank() == world_size() - 1;
