@@ -23,6 +23,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <climits>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -82,8 +83,23 @@ void check_im2col(const char* func, const Conv2dGeometry& g, const NV& nchw, con
   require_disjoint(func, nchw, patches);
 }
 
-template <class ExecSpace>
-using Policy4 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<int>>;
+/// Calls f(b, c, h, w) for every index of a B x C x H x W box: one work item per (b, c, h) row, the
+/// inner loop along w. Index arithmetic is paid once per row; on Kokkos 3.4 Serial a rank-4
+/// MDRangePolicy's per-element tiling cost several times what these kernels compute.
+template <class F>
+struct NchwRows {
+  F f;
+  int C, H, W;
+  KOKKOS_INLINE_FUNCTION void operator()(const int t) const {
+    const int h = t % H, c = (t / H) % C, b = t / (H * C);
+    for (int w = 0; w < W; ++w) f(b, c, h, w);
+  }
+};
+template <class ExecSpace, class F>
+void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
+  Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
+                       NchwRows<F>{f, C, H, W});
+}
 
 /// One element of the NCHW <-> rows copy, in either direction (only the instantiated one has to
 /// be able to write its destination, so the source may be a const view).
@@ -114,9 +130,8 @@ void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, con
                   "(batch*height*width x channels) for NCHW " + describe(nchw));
   if (nchw.size() > static_cast<std::size_t>(INT_MAX)) throw_invalid(func, describe(nchw) + " exceeds int indexing");
   require_disjoint(func, nchw, rows);
-  Kokkos::parallel_for(
-      func, Policy4<ExecSpace>(exec, {0, 0, 0, 0}, {B, C, H, W}),
-      KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+  for_each_nchw(
+      func, exec, B, C, H, W, KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
         Direction::move(nchw, rows, b, c, h, w, (b * H + h) * W + w);
       });
 }
@@ -130,15 +145,30 @@ void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, cons
   impl::check_im2col<ExecSpace>(func, g, x, patches);
   using T = typename PView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
-  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
+  const int C = g.channels, H = g.height, W = g.width, S = g.stride, P = g.padding;
+  // One work item per (patch row r, channel c): the kh x kw block of columns of that channel, so
+  // the index arithmetic is paid once per block rather than per element (rows x C <= the patch
+  // matrix's size, hence the 64-bit index).
+  const std::int64_t items = static_cast<std::int64_t>(g.rows()) * C;
   Kokkos::parallel_for(
-      func,
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<int>>(exec, {0, 0}, {g.rows(), g.patch()}),
-      KOKKOS_LAMBDA(const int r, const int k) {
+      func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, items),
+      KOKKOS_LAMBDA(const std::int64_t t) {
+        const int c = static_cast<int>(t % C), r = static_cast<int>(t / C);
         const int j = r % OW, i = (r / OW) % OH, b = r / (OW * OH);
-        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
-        const int h = i * S - P + p, w = j * S - P + q;
-        patches(r, k) = (h >= 0 && h < H && w >= 0 && w < W) ? T(x(b, c, h, w)) : T(0);
+        const int k0 = c * KH * KW;
+        // Columns q in [q_begin, q_end) read inside the input row (w = j*S - P + q in [0, W)); the
+        // rest are padding. Splitting the loop keeps the bounds test out of the inner loop.
+        const int w0 = j * S - P;
+        const int q_begin = w0 < 0 ? (-w0 < KW ? -w0 : KW) : 0;
+        const int q_end = W - w0 < q_begin ? q_begin : (W - w0 < KW ? W - w0 : KW);
+        for (int p = 0; p < KH; ++p) {
+          const int h = i * S - P + p, k = k0 + p * KW;
+          const bool row_inside = h >= 0 && h < H;
+          const int inside_begin = row_inside ? q_begin : KW, inside_end = row_inside ? q_end : KW;
+          for (int q = 0; q < inside_begin; ++q) patches(r, k + q) = T(0);
+          for (int q = inside_begin; q < inside_end; ++q) patches(r, k + q) = T(x(b, c, h, w0 + q));
+          for (int q = inside_end > inside_begin ? inside_end : inside_begin; q < KW; ++q) patches(r, k + q) = T(0);
+        }
       });
 }
 
@@ -149,8 +179,8 @@ void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches
   impl::check_im2col<ExecSpace>(func, g, dx, patches);
   using T = typename XView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, S = g.stride, P = g.padding;
-  Kokkos::parallel_for(
-      func, impl::Policy4<ExecSpace>(exec, {0, 0, 0, 0}, {g.batch, g.channels, g.height, g.width}),
+  impl::for_each_nchw(
+      func, exec, g.batch, g.channels, g.height, g.width,
       KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
         // Kernel offset p reads input row h from output row i when i*S - P + p == h.
         T sum = 0;

@@ -19,6 +19,7 @@
 // the input, overlapping views, backward before forward, with the sizes in the message.
 #pragma once
 
+#include <kdist/core/im2col.hpp>
 #include <kdist/nn/tensor.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -120,8 +121,9 @@ class MaxPool2d {
     impl::ensure_like(exec, argmax_, "kdist::nn::MaxPool2d::argmax", y);
     const int K = k_;
     const auto argmax = argmax_;
-    Kokkos::parallel_for(
-        func, impl::over(exec, y), KOKKOS_LAMBDA(const int b, const int c, const int i, const int j) {
+    kdist::impl::for_each_nchw(
+        func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)), int(y.extent(3)),
+        KOKKOS_LAMBDA(const int b, const int c, const int i, const int j) {
           int best = 0;
           T m = x(b, c, i * K, j * K);
           for (int p = 0; p < K; ++p)
@@ -145,8 +147,9 @@ class MaxPool2d {
     // A gather over dx: windows do not overlap, so each element has at most one window.
     const int K = k_, OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
     const auto argmax = argmax_;
-    Kokkos::parallel_for(
-        func, impl::over(exec, dx), KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+    kdist::impl::for_each_nchw(
+        func, exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)), int(dx.extent(3)),
+        KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
           const int i = h / K, j = w / K;
           const bool routed = i < OH && j < OW && argmax(b, c, i, j) == (h % K) * K + w % K;
           dx(b, c, h, w) = routed ? dy(b, c, i, j) : T(0);

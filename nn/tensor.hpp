@@ -70,17 +70,12 @@ namespace impl {
 
 template <class ExecSpace>
 using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<int>>;
-template <class ExecSpace>
-using Policy4 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Kokkos::IndexType<int>>;
 
-/// The MDRange over every index of a rank-2 or rank-4 view.
+/// The MDRange over every index of a rank-2 view (rank 4: kdist::impl::for_each_nchw).
 template <class ExecSpace, class V>
 auto over(const ExecSpace& exec, const V& v) {
-  const auto e = [&v](int r) { return static_cast<int>(v.extent(r)); };
-  if constexpr (compat::view_rank<V>() == 2)
-    return Policy2<ExecSpace>(exec, {0, 0}, {e(0), e(1)});
-  else
-    return Policy4<ExecSpace>(exec, {0, 0, 0, 0}, {e(0), e(1), e(2), e(3)});
+  static_assert(compat::view_rank<V>() == 2, "kdist::nn::impl::over: rank-2 views");
+  return Policy2<ExecSpace>(exec, {0, 0}, {static_cast<int>(v.extent(0)), static_cast<int>(v.extent(1))});
 }
 
 /// The extents of v, as require_extents takes them.

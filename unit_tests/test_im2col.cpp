@@ -33,6 +33,7 @@ const ConvShape shapes[] = {
     {1, 2, 3, 3, 3, 3, 1, 0},  // one output location
     {2, 2, 7, 7, 2, 2, 3, 0},  // stride larger than the kernel: some inputs are never read
     {1, 1, 2, 2, 3, 3, 1, 1},  // kernel larger than the input, fitting only with the padding
+    {1, 2, 1, 2, 3, 2, 1, 4},  // padding wider than the kernel: whole patches of zeros
 };
 
 kdist::Conv2dGeometry geometry(const ConvShape& s) {
