@@ -8,7 +8,9 @@
 //                     then kfac.step (preconditions in place) and the SGD step;
 //   --reduce adasum:  each rank preconditions its own gradient and takes its local SGD step; the
 //                     parameter deltas are combined by Adasum (ARCHITECTURE.md §3).
-// A last global batch smaller than the rank count would leave a rank without samples: it is
+// --workers-per-rank K simulates K SGD workers per rank (workers.hpp): the study of Adasum at more
+// workers than cores. --lr-schedule cosine decays the rate to 0 over the run, per step.
+// A last global batch smaller than the worker count would leave a worker without samples: it is
 // skipped, and the job says how many samples that was.
 #include <kdist/adasum/delta_optimizer.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
@@ -21,6 +23,7 @@
 #include <mpi.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -28,6 +31,7 @@
 #include "checkpoint.hpp"
 #include "model.hpp"
 #include "progress.hpp"
+#include "workers.hpp"
 
 namespace {
 
@@ -38,8 +42,8 @@ using Mem = Exec::memory_space;
 using Flat = Kokkos::View<T*, Mem>;
 
 struct Settings {
-  std::string model = "mlp", optimizer = "kfac", strategy = "spd", reduce = "average";
-  int epochs = 10, batch = 64, factor_every = 1, inverse_every = 10, limit_batches = 0;
+  std::string model = "mlp", optimizer = "kfac", strategy = "spd", reduce = "average", schedule = "constant";
+  int epochs = 10, batch = 64, workers = 1, factor_every = 1, inverse_every = 10, limit_batches = 0;
   // lr and momentum < 0: the optimizer's default (sgd: 0.05 and 0.9; kfac: 0.1 and 0).
   double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
   std::uint64_t seed = 1;
@@ -62,7 +66,15 @@ void add_options(CLI::App& app, Settings& s) {
       ->capture_default_str();
   app.add_option("--epochs", s.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch", s.batch, "samples per rank per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--workers-per-rank", s.workers,
+                 "simulate this many SGD workers per rank, each with its own batch (Adasum study)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lr", s.lr, "learning rate [default: 0.05 with sgd, 0.1 with kfac]")->check(CLI::PositiveNumber);
+  app.add_option("--lr-schedule", s.schedule,
+                 "constant, or cosine: lr * (1 + cos(pi * t)) / 2 at the fraction t of all steps taken")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
   app.add_option("--momentum", s.momentum, "SGD momentum [default: 0.9 with sgd, 0 with kfac]")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", s.weight_decay, "L2 weight decay")
@@ -135,8 +147,15 @@ class Trainer {
         sgd_(model_.parameters(), s.lr, s.momentum, s.weight_decay),
         grads_(world_),
         timeline_(world_.rank()),
-        batches_(data.train.count, world_.size(), s.batch, s.seed) {
+        batches_(data.train.count, world_.size() * s.workers, s.batch, s.seed) {
     timeline_.enable(!s.trace.empty());
+    if (s.workers > 1) {
+      if (s.optimizer != "sgd" || !s.checkpoint.empty() || !s.resume.empty())
+        throw InvalidArgument("fashion_mnist: --workers-per-rank " + std::to_string(s.workers) +
+                              " simulates SGD workers only, without --checkpoint or --resume");
+      workers_ = std::make_unique<fmnist::LocalWorkers<T, Mem>>(s.workers, model_.parameters(), s.lr, s.momentum,
+                                                                s.weight_decay);
+    }
     if (s.optimizer == "kfac") {
       kfac::Options o;
       kfac::parse_strategy(s.strategy, &o.strategy);
@@ -166,7 +185,9 @@ class Trainer {
   std::string describe() const {
     std::ostringstream os;
     os << "fashion_mnist: " << s_.model << ", " << s_.optimizer << ", reduce " << s_.reduce << ", " << world_.size()
-       << " rank(s) x batch " << s_.batch << ", lr " << s_.lr << ", momentum " << s_.momentum << ", seed " << s_.seed;
+       << " rank(s) x " << s_.workers << " worker(s) x batch " << s_.batch << ", lr " << s_.lr << " (" << s_.schedule
+       << ")"
+       << ", momentum " << s_.momentum << ", seed " << s_.seed;
     if (kfac_) os << "\n" << kfac_->describe();
     return os.str();
   }
@@ -178,8 +199,10 @@ class Trainer {
     double loss = 0, samples = 0, correct = 0, seconds = 0, skipped = 0;
   };
   EpochStats epoch(int e, fmnist::Progress& progress);
-  void step(const Batch& b, int global, EpochStats& st);
+  int forward_backward(const Batch& b, EpochStats& st);
+  void step(int k, int global, EpochStats& st);
   void reduce_and_update(int local, int global);
+  void set_learning_rate(double progress);
   double test_accuracy();
   void save(int next_epoch, const std::vector<std::string>& log_lines);
 
@@ -194,12 +217,14 @@ class Trainer {
   std::unique_ptr<kfac::Preconditioner<T, Mem>> kfac_;
   std::unique_ptr<comm::FusedAllreducer<T, Mem>> fused_;
   std::unique_ptr<adasum::DeltaOptimizer<T, Mem>> adasum_;
+  std::unique_ptr<fmnist::LocalWorkers<T, Mem>> workers_;
   std::vector<Flat> gradient_views_;
   nn::SoftmaxCrossEntropy<T, Mem> loss_;
   nn::Tensor2<T, Mem> dlogits_;
 };
 
-void Trainer::step(const Batch& b, int global, EpochStats& st) {
+// Forward and backward of one batch; returns its sample count.
+int Trainer::forward_backward(const Batch& b, EpochStats& st) {
   Exec exec;
   const int local = static_cast<int>(b.x.extent(0));
   nn::ConstTensor2<T, Mem> logits;
@@ -210,13 +235,28 @@ void Trainer::step(const Batch& b, int global, EpochStats& st) {
     st.correct += loss_.correct(exec, logits, b.y);
     st.samples += local;
   }
-  {
-    Phase p("backward", &timeline_, "model");
-    if (dlogits_.extent(0) != static_cast<std::size_t>(local)) dlogits_ = nn::Tensor2<T, Mem>("dlogits", local, 10);
-    loss_.backward(exec, dlogits_);
-    model_.backward(exec, dlogits_);
+  Phase p("backward", &timeline_, "model");
+  if (dlogits_.extent(0) != static_cast<std::size_t>(local)) dlogits_ = nn::Tensor2<T, Mem>("dlogits", local, 10);
+  loss_.backward(exec, dlogits_);
+  model_.backward(exec, dlogits_);
+  return local;
+}
+
+// Global batch k: this rank's shard (or its simulated workers' shards), then the update.
+void Trainer::step(int k, int global, EpochStats& st) {
+  const int K = s_.workers, r = world_.rank();
+  if (!workers_) {
+    reduce_and_update(forward_backward(gather(data_.train, batches_.indices(k, r)), st), global);
+    return;
   }
-  reduce_and_update(local, global);
+  Exec exec;
+  const auto worker = [&](int w) { return forward_backward(gather(data_.train, batches_.indices(k, r * K + w)), st); };
+  if (adasum_) {
+    Phase p("adasum step", &timeline_, "optimizer");
+    adasum_->step(exec, gradient_views_, [&] { workers_->adasum_local_step(exec, worker); });
+    return;
+  }
+  reduce_and_update(workers_->sum_gradients(exec, gradient_views_, worker), global);
 }
 
 void Trainer::reduce_and_update(int local, int global) {
@@ -247,6 +287,16 @@ void Trainer::reduce_and_update(int local, int global) {
   sgd_.step(exec);
 }
 
+// The schedule's rate at `progress`, the fraction of all steps taken (from the epoch and step,
+// so a resumed run follows the same schedule).
+void Trainer::set_learning_rate(double progress) {
+  if (s_.schedule == "constant") return;
+  const double lr = s_.lr * 0.5 * (1 + std::cos(M_PI * progress));
+  sgd_.set_learning_rate(lr);
+  if (workers_) workers_->set_learning_rate(lr);
+  if (kfac_) kfac_->set_learning_rate(lr);
+}
+
 Trainer::EpochStats Trainer::epoch(int e, fmnist::Progress& progress) {
   EpochStats st;
   batches_.set_epoch(e);
@@ -254,13 +304,13 @@ Trainer::EpochStats Trainer::epoch(int e, fmnist::Progress& progress) {
   int steps = batches_.batches();
   if (s_.limit_batches > 0) steps = std::min(steps, s_.limit_batches);
   for (int k = 0; k < steps; ++k) {
+    set_learning_rate((e + static_cast<double>(k) / steps) / s_.epochs);
     const int global = batches_.global_size(k);
-    if (global < world_.size()) {  // some rank would have no sample
+    if (global < world_.size() * s_.workers) {  // some worker would have no sample
       st.skipped += global;
       continue;
     }
-    const Batch b = gather(data_.train, batches_.indices(k, world_.rank()));
-    step(b, global, st);
+    step(k, global, st);
     progress.update(k + 1, steps, st.samples * world_.size(), st.loss / st.samples, Clock::local_now() - t0);
   }
   Kokkos::fence();
