@@ -14,7 +14,9 @@
 // hands them all over. Inverses (F + damping I)^-1 are recomputed on steps divisible by
 // inverse_every, placed by kfac/placement.hpp: CT inverses are broadcast as packed upper
 // triangles from their owner, each broadcast overlapping the owner's next inverse. Then, per
-// layer, V = G^-1 [dW | db] A^-1 and the KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
+// layer, V = G^-1 [dW | db] A^-1 (split_preconditioning: rank r computes the column block
+// G^-1 ([dW | db] A^-1[:, block r]) and the blocks are all-gathered) and the KL clip
+// nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
 // Damping is never written into the running factors.
 //
 // Errors: wrong extents, an unknown layer, hooks out of order or twice, step() before every hook,
@@ -128,6 +130,13 @@ class Preconditioner {
   void reduce_factors(const execution_space& exec);
   void update_inverses(const execution_space& exec);
   void precondition(const execution_space& exec, const std::vector<Gradient>& gradients);
+  comm::Request precondition_block(const execution_space& exec, int l);
+  /// Layer l's V: the first a_dim columns of result_[l] (padded to size x block columns).
+  Matrix preconditioned(int l) const;
+  bool split() const noexcept { return options_.split_preconditioning && engine_.size() > 1; }
+  int block_columns(int l) const {
+    return (layers_[static_cast<std::size_t>(l)].a_dim() + engine_.size() - 1) / engine_.size();
+  }
   void check_gradient(int l, const Gradient& g) const;
   void maybe_replan();
   /// rows x cols over the reused scratch (fresh factors, the preconditioning's middle product).
@@ -144,7 +153,8 @@ class Preconditioner {
   std::unique_ptr<Fused> fused_;
   std::vector<Matrix> running_, pending_, inverse_;
   std::vector<Vector> packed_;         // CT broadcast buffers
-  std::vector<Matrix> work_, result_;  // per layer: [dW | db] and V
+  std::vector<Matrix> work_, result_;  // per layer: [dW | db] and V (padded when split)
+  std::vector<Matrix> block_;          // per layer, when split: this rank's columns of V
   Vector scratch_;
   FactorWorkspace<T, MemorySpace> factor_ws_;
   InverseWorkspace<T, MemorySpace> inverse_ws_;
@@ -189,9 +199,12 @@ Preconditioner<T, M>::Preconditioner(const comm::Communicator& comm, std::vector
                           : Vector("kdist::kfac::packed_" + items[static_cast<std::size_t>(f)].label,
                                    packed_size(static_cast<std::size_t>(items[static_cast<std::size_t>(f)].dim))));
   fused_ = std::make_unique<Fused>(engine_, tensors, Fused::average());
-  for (const Layer& l : layers_) {
-    work_.push_back(Matrix("kdist::kfac::gradient", l.g_dim(), l.a_dim()));
-    result_.push_back(Matrix("kdist::kfac::preconditioned", l.g_dim(), l.a_dim()));
+  for (int l = 0; l < static_cast<int>(layers_.size()); ++l) {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    const int columns = split() ? P * block_columns(l) : layer.a_dim();
+    work_.push_back(Matrix("kdist::kfac::gradient", layer.g_dim(), layer.a_dim()));
+    result_.push_back(Matrix("kdist::kfac::preconditioned", layer.g_dim(), columns));
+    block_.push_back(split() ? Matrix("kdist::kfac::preconditioned_block", layer.g_dim(), block_columns(l)) : Matrix());
   }
   spatial_.assign(layers_.size(), 0);
   rows_.assign(layers_.size(), 0);

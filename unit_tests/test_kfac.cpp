@@ -375,6 +375,13 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     variants.push_back({comm::to_string(p), o});
   }
   {
+    // The default splits the preconditioning into column blocks (at 3 ranks the last rank of the
+    // 4-column layer has none); this computes all of it on every rank.
+    Options o = base_options();
+    o.split_preconditioning = false;
+    variants.push_back({"preconditioning on every rank", o});
+  }
+  {
     Options o = base_options();
     o.placement = PlacementKind::optimal;
     o.inverse_method = InverseMethod::eigen;

@@ -48,7 +48,7 @@ struct Settings {
   double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
   std::uint64_t seed = 1;
   std::string data = nn::kFashionMnistDefaultDir, trace, log, checkpoint, resume, save_model;
-  bool quiet = false;
+  bool quiet = false, replicated_precondition = false;
 };
 
 void add_options(CLI::App& app, Settings& s) {
@@ -93,6 +93,8 @@ void add_options(CLI::App& app, Settings& s) {
   app.add_option("--inverse-every", s.inverse_every, "K-FAC inverse update period")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_flag("--replicated-precondition", s.replicated_precondition,
+               "K-FAC: every rank preconditions every layer (default: split into column blocks, all-gathered)");
   app.add_option("--seed", s.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--data", s.data, "directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--trace", s.trace, "write a Chrome trace of the run (chrome://tracing, Perfetto)");
@@ -164,6 +166,7 @@ class Trainer {
       o.factor_every = s.factor_every;
       o.inverse_every = s.inverse_every;
       o.kl_clip = s.kl_clip;
+      o.split_preconditioning = !s.replicated_precondition;
       o.lr = s.lr;
       o.timeline = &timeline_;
       kfac_ = std::make_unique<kfac::Preconditioner<T, Mem>>(world_, model_.kfac_layers(), o);

@@ -10,29 +10,40 @@
 namespace kdist {
 namespace kfac {
 
-// V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer, then nu = min(1, sqrt(kl_clip / |s|)) with
+// V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer (split: this rank's column blocks, the
+// all-gathers of every layer in flight together), then nu = min(1, sqrt(kl_clip / |s|)) with
 // s = lr^2 sum_l sum_ij V_l . [dW_l | db_l] (kfac-pytorch's and SPD-KFAC's clip), and the
-// caller's gradients become nu V. Nothing is written back until every layer's V is finite.
+// caller's gradients become nu V. Nothing is written back until every layer's V is finite. After
+// the gathers every rank holds the same V, so every rank reaches the same verdict.
 template <class T, class M>
 void Preconditioner<T, M>::precondition(const execution_space& exec, const std::vector<Gradient>& gradients) {
   Phase phase("kdist::kfac::precondition", options_.timeline, "kfac precondition");
   const double t0 = Clock::local_now();
-  double total = 0;
+  std::vector<comm::Request> gathers;
   for (int l = 0; l < layers(); ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
-    const Matrix W = work_[static_cast<std::size_t>(l)], V = result_[static_cast<std::size_t>(l)];
-    const int outputs = layer.outputs();
+    const Matrix W = work_[static_cast<std::size_t>(l)];
     impl::gather_gradient(exec, W, g.weight, g.bias, layer.bias());
+    if (split()) {
+      gathers.push_back(precondition_block(exec, l));
+      continue;
+    }
     // R := G^-1 W in the scratch, then V := R A^-1.
-    const Matrix R = scratch_matrix(outputs, layer.a_dim());
+    const Matrix R = scratch_matrix(layer.outputs(), layer.a_dim());
     gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], W, T(0), R);
-    gemm(exec, "N", "N", T(1), R, inverse_[static_cast<std::size_t>(a_index(l))], T(0), V);
-    const double dot = impl::inner(exec, V, W);
+    gemm(exec, "N", "N", T(1), R, inverse_[static_cast<std::size_t>(a_index(l))], T(0), preconditioned(l));
+  }
+  for (comm::Request& r : gathers) r.wait();
+  double total = 0;
+  for (int l = 0; l < layers(); ++l) {
+    const double dot = impl::inner(exec, preconditioned(l), work_[static_cast<std::size_t>(l)]);
     if (!std::isfinite(dot))
-      raise(NonFiniteError("kdist::kfac::step", "gradient of layer " + std::to_string(l) + " " + layer.describe(),
-                           static_cast<long long>(W.size()), engine_.rank(),
-                           "the preconditioned gradient's inner product with the gradient is " + std::to_string(dot)));
+      raise(NonFiniteError(
+          "kdist::kfac::step",
+          "gradient of layer " + std::to_string(l) + " " + layers_[static_cast<std::size_t>(l)].describe(),
+          static_cast<long long>(work_[static_cast<std::size_t>(l)].size()), engine_.rank(),
+          "the preconditioned gradient's inner product with the gradient is " + std::to_string(dot)));
     total += dot;
   }
   const double s = std::abs(total) * options_.lr * options_.lr;
@@ -40,11 +51,38 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   for (int l = 0; l < layers(); ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
-    const Matrix V = result_[static_cast<std::size_t>(l)];
-    impl::scatter_gradient(exec, g.weight, g.bias, V, nu, layer.bias());
+    impl::scatter_gradient(exec, g.weight, g.bias, preconditioned(l), nu, layer.bias());
   }
   last_clip_ = static_cast<double>(nu);
   stats_.precondition += phase_end(exec, t0);
+}
+
+// This rank's block of columns [c0, c1) of V_l = G^-1 (W A^-1[:, c0:c1]) into block_[l], then the
+// all-gather of every rank's block into result_[l] (columns padded to size x block columns; a
+// rank past the last column sends its block unused).
+template <class T, class M>
+comm::Request Preconditioner<T, M>::precondition_block(const execution_space& exec, int l) {
+  const Layer& layer = layers_[static_cast<std::size_t>(l)];
+  const int a = layer.a_dim(), width = block_columns(l);
+  const int c0 = std::min(a, engine_.rank() * width), c1 = std::min(a, c0 + width);
+  const Matrix B = block_[static_cast<std::size_t>(l)];
+  if (c1 > c0) {
+    const Matrix R = scratch_matrix(layer.outputs(), c1 - c0);
+    const auto columns = std::make_pair(c0, c1);
+    gemm(exec, "N", "N", T(1), work_[static_cast<std::size_t>(l)],
+         Kokkos::subview(inverse_[static_cast<std::size_t>(a_index(l))], Kokkos::ALL, columns), T(0), R);
+    gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], R, T(0),
+         Kokkos::subview(B, Kokkos::ALL, std::make_pair(0, c1 - c0)));
+  }
+  const Matrix& V = result_[static_cast<std::size_t>(l)];
+  return engine_.allgather(exec, Vector(B.data(), B.size()), Vector(V.data(), V.size()),
+                           "kfac preconditioned layer " + std::to_string(l));
+}
+
+template <class T, class M>
+typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::preconditioned(int l) const {
+  return Kokkos::subview(result_[static_cast<std::size_t>(l)], Kokkos::ALL,
+                         std::make_pair(0, layers_[static_cast<std::size_t>(l)].a_dim()));
 }
 
 template <class T, class M>
@@ -168,7 +206,8 @@ std::string Preconditioner<T, M>::describe() const {
   std::ostringstream os;
   os << "kdist K-FAC: strategy " << to_string(options_.strategy) << " (pipelined "
      << (switches_.pipelined ? "yes" : "no") << ", fusion planner " << comm::to_string(switches_.planner)
-     << ", placement " << to_string(switches_.placement) << "), " << engine_.size() << " rank(s), "
+     << ", placement " << to_string(switches_.placement) << ", preconditioning "
+     << (split() ? "split over the ranks" : "on every rank") << "), " << engine_.size() << " rank(s), "
      << to_string(dtype_of<T>()) << "\n  damping " << options_.damping << ", factor decay " << options_.factor_decay
      << ", factors every " << options_.factor_every << ", inverses every " << options_.inverse_every
      << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr << ", inverse by "
