@@ -15,9 +15,9 @@
 // 224 / --downscale (so the spatial sizes of every stage shrink alike). Each convolution runs on
 // a random input of its own shape (no residual adds, batch norm or ReLU: the convolutions are
 // where ResNet's time goes); the output gradient of each is random too. Factors and inverses are
-// updated every iteration (k1 = k2 = 1) as in the paper's per-iteration figures. Every figure is
-// rank 0's median over --iters iterations after --warmup, except total (median of the max over
-// ranks).
+// updated every iteration (k1 = k2 = 1) as in the paper's per-iteration figures. The iterations go
+// round-robin over the configurations (one Preconditioner each). Every figure is rank 0's median
+// over --iters iterations after --warmup, except total (median of the max over ranks).
 //   mpiexec -n 2 build/perf/bench_kfac [--part strategies|ablation|all] [--cost-models FILE] [--json FILE]
 // (perf/run_netns.sh runs it on an emulated cluster link).
 #include <kdist/comm/fused_allreducer.hpp>
@@ -50,7 +50,7 @@ struct ConvSpec {
 };
 
 struct Settings {
-  int width = 4, downscale = 4, batch = 8, warmup = 2, iters = 5;
+  int width = 4, downscale = 4, batch = 8, warmup = 2, iters = 7;
   std::string part = "all", json, cost_models;
   bool replicated_precondition = false;
 };
@@ -180,47 +180,59 @@ struct Config {
   kfac::Options options;
 };
 
-// Median over iterations of each phase (rank 0's) and of the iteration (max over ranks).
-Breakdown measure(const Settings& s, comm::Communicator& world, Network& net, const kfac::Options& options) {
-  KFAC kfac(world, net.kfac_layers(), options);
-  net.attach(&kfac);
+// One iteration with `kfac` attached: each phase on this rank, total as the max over ranks.
+Breakdown iteration(Network& net, KFAC& kfac) {
   Exec exec;
-  const auto grads = net.gradients();
-  std::vector<Breakdown> runs;
-  for (int it = 0; it < s.warmup + s.iters; ++it) {
-    kfac.reset_stats();
-    MPI_Barrier(MPI_COMM_WORLD);
-    Breakdown b;
-    const double t0 = Clock::local_now();
-    net.forward(exec);
-    net.backward(exec);
-    exec.fence();
-    const double t1 = Clock::local_now();
-    net.reduce_gradients(exec);
-    const double t2 = Clock::local_now();
-    kfac.step(exec, grads);
-    exec.fence();
-    const double t3 = Clock::local_now();
-    const kfac::Stats k = kfac.stats();
-    b.fwd_bwd = (t1 - t0) - k.factor_compute;
-    b.grad_comm = t2 - t1;
-    b.factors = k.factor_compute;
-    b.factor_comm = k.factor_comm_exposed;
-    b.inverses = k.inverse_compute;
-    b.inverse_comm = k.inverse_comm_exposed;
-    b.precondition = k.precondition;
-    b.total = kdist_bench::max_over_ranks(t3 - t0);
-    if (it >= s.warmup) runs.push_back(b);
-  }
+  net.attach(&kfac);
+  kfac.reset_stats();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = Clock::local_now();
+  net.forward(exec);
+  net.backward(exec);
+  exec.fence();
+  const double t1 = Clock::local_now();
+  net.reduce_gradients(exec);
+  const double t2 = Clock::local_now();
+  kfac.step(exec, net.gradients());
+  exec.fence();
+  const double t3 = Clock::local_now();
   net.attach(nullptr);
-  auto med = [&](double Breakdown::*field) {
-    std::vector<double> v;
-    for (const Breakdown& b : runs) v.push_back(b.*field * 1e3);
-    return kdist_bench::median(v);
-  };
-  return {med(&Breakdown::fwd_bwd),      med(&Breakdown::grad_comm), med(&Breakdown::factors),
-          med(&Breakdown::factor_comm),  med(&Breakdown::inverses),  med(&Breakdown::inverse_comm),
-          med(&Breakdown::precondition), med(&Breakdown::total)};
+  const kfac::Stats k = kfac.stats();
+  return {(t1 - t0) - k.factor_compute,
+          t2 - t1,
+          k.factor_compute,
+          k.factor_comm_exposed,
+          k.inverse_compute,
+          k.inverse_comm_exposed,
+          k.precondition,
+          kdist_bench::max_over_ranks(t3 - t0)};
+}
+
+// Every configuration's Preconditioner exists at once and the iterations go round-robin over
+// them, so a drift of the machine's speed (this VM's drifts by 1.5x within an hour) lands on every
+// configuration alike; then the median over iterations of each phase, in milliseconds.
+std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Network& net,
+                               const std::vector<Config>& configs) {
+  std::vector<std::unique_ptr<KFAC>> kfacs;
+  for (const Config& c : configs) kfacs.push_back(std::make_unique<KFAC>(world, net.kfac_layers(), c.options));
+  std::vector<std::vector<Breakdown>> runs(configs.size());
+  for (int it = 0; it < s.warmup + s.iters; ++it)
+    for (std::size_t c = 0; c < configs.size(); ++c) {
+      const Breakdown b = iteration(net, *kfacs[c]);
+      if (it >= s.warmup) runs[c].push_back(b);
+    }
+  std::vector<Breakdown> medians;
+  for (const auto& r : runs) {
+    auto med = [&](double Breakdown::*field) {
+      std::vector<double> v;
+      for (const Breakdown& b : r) v.push_back(b.*field * 1e3);
+      return kdist_bench::median(v);
+    };
+    medians.push_back({med(&Breakdown::fwd_bwd), med(&Breakdown::grad_comm), med(&Breakdown::factors),
+                       med(&Breakdown::factor_comm), med(&Breakdown::inverses), med(&Breakdown::inverse_comm),
+                       med(&Breakdown::precondition), med(&Breakdown::total)});
+  }
+  return medians;
 }
 
 std::vector<Config> configs(const Settings& s) {
@@ -308,12 +320,12 @@ int main(int argc, char** argv) {
             net.layers(), s.width, 224 / s.downscale, 224 / s.downscale, s.batch, world.size(),
             s.replicated_precondition ? "on every rank" : "split", s.iters);
       table.print_header();
-      double baseline = 0;
-      for (const Config& c : configs(s)) {
-        const Breakdown b = measure(s, world, net, c.options);
-        if (baseline == 0) baseline = b.total;
-        table.row({c.name, b.fwd_bwd, b.grad_comm, b.factors, b.factor_comm, b.inverses, b.inverse_comm, b.precondition,
-                   b.total, b.total / baseline});
+      const std::vector<Config> runs = configs(s);
+      const std::vector<Breakdown> results = measure(s, world, net, runs);
+      for (std::size_t c = 0; c < runs.size(); ++c) {
+        const Breakdown& b = results[c];
+        table.row({runs[c].name, b.fwd_bwd, b.grad_comm, b.factors, b.factor_comm, b.inverses, b.inverse_comm,
+                   b.precondition, b.total, b.total / results[0].total});
       }
       if (rank == 0) table.write_json(s.json);
     } catch (const std::exception& e) {
