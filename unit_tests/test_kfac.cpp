@@ -542,6 +542,16 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       CHECK_THROWS_AS(train(kfac, mine, 0, 1), Error);
     }
   }
+  SECTION("ranks that disagree on split preconditioning: a mismatch on every rank, not a hang") {
+    if (world_size() > 1) {
+      // Rank 1 preconditions everything itself; the others wait in the all-gather of the blocks,
+      // and rank 1's next operation (the next step's factor reduction) meets it.
+      Options o = base_options();
+      o.split_preconditioning = world_rank() != 1;
+      Preconditioner<double, TestMem> kfac(world, layers, o);
+      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
+    }
+  }
   SECTION("NaN in one rank's activations: that rank names it, the others hear it") {
     Preconditioner<double, TestMem> kfac(world, layers, base_options());
     const bool poisoned = world_rank() == world_size() - 1;
