@@ -25,21 +25,19 @@
 namespace fmnist {
 
 namespace impl {
-/// to(offset + i) := a(i) - b(offset + i), or := a(i) when b is empty.
+/// to(offset + i) := a(i) - b(offset + i).
 template <class Exec, class V, class F>
 void subtract_into(const Exec& exec, const F& to, std::size_t offset, const V& a, const F& b) {
-  const bool minus = b.extent(0) > 0;
   Kokkos::parallel_for(
       "fmnist::workers::subtract", Kokkos::RangePolicy<Exec>(exec, 0, a.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { to(offset + i) = minus ? a(i) - b(offset + i) : a(i); });
+      KOKKOS_LAMBDA(const std::size_t i) { to(offset + i) = a(i) - b(offset + i); });
 }
-/// p(i) := s(offset + i) + d(offset + i) (d empty: := s(offset + i)).
+/// p(i) := s(offset + i) + d(offset + i).
 template <class Exec, class V, class F>
 void add_from(const Exec& exec, const V& p, std::size_t offset, const F& s, const F& d) {
-  const bool plus = d.extent(0) > 0;
   Kokkos::parallel_for(
       "fmnist::workers::add", Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { p(i) = plus ? s(offset + i) + d(offset + i) : s(offset + i); });
+      KOKKOS_LAMBDA(const std::size_t i) { p(i) = s(offset + i) + d(offset + i); });
 }
 /// acc(offset + i) := weight * g(i) (first), else += weight * g(i).
 template <class Exec, class G, class F>
@@ -76,6 +74,7 @@ class LocalWorkers {
       deltas_.push_back(Flat("fmnist::workers::delta", bounds_.back()));
     }
     start_ = Flat("fmnist::workers::start", bounds_.back());
+    sum_ = Flat("fmnist::workers::gradient_sum", bounds_.back());
   }
 
   int workers() const { return static_cast<int>(sgd_.size()); }
@@ -88,22 +87,19 @@ class LocalWorkers {
     int samples = 0;
     for (int w = 0; w < workers(); ++w) {
       const int n = forward_backward(w);
-      for (std::size_t k = 0; k < grads.size(); ++k) impl::accumulate(exec, start_, bounds_[k], grads[k], n, w == 0);
+      for (std::size_t k = 0; k < grads.size(); ++k) impl::accumulate(exec, sum_, bounds_[k], grads[k], n, w == 0);
       samples += n;
     }
-    for (std::size_t k = 0; k < grads.size(); ++k) impl::scale_into(exec, grads[k], bounds_[k], start_, 1.0 / samples);
+    for (std::size_t k = 0; k < grads.size(); ++k) impl::scale_into(exec, grads[k], bounds_[k], sum_, 1.0 / samples);
     return samples;
   }
 
   /// Adasum: parameters := start + the Adasum tree of the K workers' deltas.
   void adasum_local_step(const Exec& exec, const ForwardBackward& forward_backward) {
-    const Flat none;
-    for (std::size_t k = 0; k < params_.size(); ++k)
-      impl::subtract_into(exec, start_, bounds_[k], params_[k].value, none);
+    for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, piece(start_, k), params_[k].value);
     for (int w = 0; w < workers(); ++w) {
       if (w > 0)
-        for (std::size_t k = 0; k < params_.size(); ++k)
-          impl::add_from(exec, params_[k].value, bounds_[k], start_, none);
+        for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, params_[k].value, piece(start_, k));
       forward_backward(w);
       sgd_[w].step(exec);
       for (std::size_t k = 0; k < params_.size(); ++k)
@@ -116,11 +112,16 @@ class LocalWorkers {
   }
 
  private:
+  auto piece(const Flat& fused, std::size_t k) const {
+    return Kokkos::subview(fused, std::make_pair(bounds_[k], bounds_[k + 1]));
+  }
+
   std::vector<kdist::nn::Parameter<T, Mem>> params_;
   std::vector<std::size_t> bounds_;          // parameter k is [bounds_[k], bounds_[k + 1]) of a fused buffer
   std::vector<kdist::nn::SGD<T, Mem>> sgd_;  // one optimizer state per worker (Adasum)
   std::vector<Flat> deltas_;
-  Flat start_;  // Adasum: the parameters before the step; averaging: the gradient sum
+  Flat start_;  // Adasum: the parameters before the step
+  Flat sum_;    // averaging: the workers' weighted gradient sum
 };
 
 }  // namespace fmnist
