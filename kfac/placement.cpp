@@ -12,8 +12,11 @@
 // An assignment puts each item either NCT (inv_i on every rank) or CT on one rank (c_i there).
 //
 // Lower bound. Take any assignment with makespan M.
-//  (a) Item i adds at least inv_i to some rank (every rank if NCT, its owner if CT, c_i >= inv_i),
-//      and loads only grow, so M >= inv_i for every i.
+//  (a) Item i as CT puts c_i on its owner. As NCT it puts inv_i on every rank, and the other items
+//      put at least W - w_i in total on the ranks (w_j and W as in (b)), so some rank carries
+//      inv_i + (W - w_i)/P. Hence M >= min(c_i, inv_i + (W - w_i)/P) >= inv_i for every i. (The
+//      first version used inv_i alone; at 64 ranks on the SPD-KFAC testbed's models the largest
+//      factor is CT at inv + bcast, and LBP's makespan looked 1.25x the bound while it is optimal.)
 //  (b) The total load over ranks is sum_i w_i with w_i = P inv_i (NCT) or c_i (CT), so
 //      w_i >= min(P inv_i, c_i); the largest of P loads is at least their mean:
 //      M >= (1/P) sum_i min(P inv_i, c_i).
@@ -84,11 +87,15 @@ double makespan(const Costs& c, int ranks, const std::vector<int>& owner, std::v
 }
 
 double lower_bound(const Costs& c, int ranks) {
-  double single = 0.0, work = 0.0;
+  std::vector<double> w(c.size());
+  double work = 0.0;
   for (std::size_t i = 0; i < c.size(); ++i) {
-    single = std::max(single, c.inv[i]);
-    work += std::min(ranks * c.inv[i], c.ct(i));
+    w[i] = std::min(ranks * c.inv[i], c.ct(i));
+    work += w[i];
   }
+  double single = 0.0;
+  for (std::size_t i = 0; i < c.size(); ++i)
+    single = std::max(single, std::min(c.ct(i), c.inv[i] + (work - w[i]) / ranks));
   return std::max(single, work / ranks);
 }
 
@@ -345,6 +352,53 @@ double placement_lower_bound(const std::vector<PlacementItem>& items, const Plac
 double lbp_bound_factor(int ranks) {
   check_ranks("kdist::kfac::lbp_bound_factor", ranks);
   return ranks == 1 ? 1.0 : ranks / 2.0 + 1.0;
+}
+
+// Broadcast order. The broadcasts share one channel (the Engine keeps collectives in submission
+// order) and each can start only once its owner has inverted it, so the inverse phase is a flow
+// shop: P owners feed one channel. The first version submitted rounds (every rank's k-th factor,
+// ranks in order); under LBP rank 0 owns the largest factor, so the channel idled through that
+// inverse while smaller factors waited behind it (the scale model showed LBP losing to round-robin
+// at 8-64 ranks on the paper's testbed that way). Now:
+//  - one owner and the channel form a two-machine flow shop, for which Johnson's rule (inverse <=
+//    broadcast first by increasing inverse, then the others by decreasing broadcast) minimises the
+//    time the last broadcast ends (Johnson 1954);
+//  - across owners the channel takes factors as they become ready: sorting by each factor's ready
+//    time (its owner's cumulative inverse time) is what a channel serving in arrival order does.
+// Ties (equal doubles on every rank, since place() is deterministic) go by owner, then index.
+std::vector<int> broadcast_order(const Placement& p) {
+  struct Entry {
+    double ready;
+    int owner, index;
+  };
+  std::vector<std::vector<int>> owned(static_cast<std::size_t>(std::max(p.ranks, 1)));
+  for (std::size_t i = 0; i < p.owner.size(); ++i)
+    if (p.owner[i] >= 0) owned[static_cast<std::size_t>(p.owner[i])].push_back(static_cast<int>(i));
+  std::vector<Entry> entries;
+  for (std::size_t r = 0; r < owned.size(); ++r) {
+    auto& list = owned[r];
+    auto first = [&](int i) {
+      return p.inverse_s[static_cast<std::size_t>(i)] <= p.broadcast_s[static_cast<std::size_t>(i)];
+    };
+    std::stable_sort(list.begin(), list.end(), [&](int a, int b) {
+      const auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+      if (first(a) != first(b)) return first(a);
+      if (first(a)) return p.inverse_s[ua] < p.inverse_s[ub];
+      return p.broadcast_s[ua] > p.broadcast_s[ub];
+    });
+    double ready = 0;
+    for (int i : list) {
+      ready += p.inverse_s[static_cast<std::size_t>(i)];
+      entries.push_back({ready, static_cast<int>(r), i});
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    if (a.ready != b.ready) return a.ready < b.ready;
+    return a.owner != b.owner ? a.owner < b.owner : a.index < b.index;
+  });
+  std::vector<int> order;
+  for (const Entry& e : entries) order.push_back(e.index);
+  return order;
 }
 
 namespace {

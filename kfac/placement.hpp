@@ -78,10 +78,19 @@ Placement place(const std::vector<PlacementItem>& items, const PlacementModels& 
 /// given, receives the per-rank loads.
 double placement_time(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks,
                       const std::vector<int>& owner, std::vector<double>* load = nullptr);
-/// max(max_i inv_i, (1/P) sum_i min(P inv_i, inv_i + bcast_i)) <= the optimal makespan.
+/// max(max_i min(c_i, inv_i + (W - w_i)/P), W/P) <= the optimal makespan, with c_i = inv_i + bcast_i,
+/// w_i = min(P inv_i, c_i) and W = sum_i w_i (proof in placement.cpp).
 double placement_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks);
 /// c(P) with lbp makespan <= c(P) * optimum: 1 for P == 1, P/2 + 1 for P >= 2 (proof in placement.cpp).
 double lbp_bound_factor(int ranks);
+
+/// The CT factors (indices into p.owner) in the order every rank submits their broadcasts, which is
+/// also the order each owner inverts its own. Per owner, Johnson's rule on (inverse_s, broadcast_s):
+/// factors whose inverse is no longer than their broadcast first, by increasing inverse, then the
+/// rest by decreasing broadcast. Across owners, by modelled ready time (that owner's inverses up to
+/// and including this one), ties by owner, then index. A pure function of the plan: every rank gets
+/// the same order. Why (one channel fed by P owners) in placement.cpp.
+std::vector<int> broadcast_order(const Placement& p);
 
 }  // namespace kfac
 }  // namespace kdist

@@ -454,26 +454,13 @@ void Preconditioner<T, M>::reduce_factors(const execution_space& exec) {
   stats_.factor_comm_exposed += phase_end(exec, t0);
 }
 
-// CT factors go in rounds: round k holds every rank's k-th owned factor, in rank order. Every rank
-// submits the broadcasts in that one order (the Engine keeps collectives ordered), and an owner
-// inverts its next factor while its previous broadcast is in flight. NCT factors follow, locally.
+// CT factors go in kfac::broadcast_order: every rank submits the broadcasts in that one order (the
+// Engine keeps collectives ordered), an owner inverts its factors in that order, each while its
+// previous broadcast is in flight. NCT factors follow, locally.
 template <class T, class M>
 void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
-  const int P = engine_.size(), me = engine_.rank();
-  std::vector<std::vector<int>> owned(static_cast<std::size_t>(P));
-  for (int f = 0; f < factors(); ++f)
-    if (placement_.owner[static_cast<std::size_t>(f)] >= 0)
-      owned[static_cast<std::size_t>(placement_.owner[static_cast<std::size_t>(f)])].push_back(f);
-  std::vector<int> order;
-  for (std::size_t k = 0;; ++k) {
-    bool any = false;
-    for (const auto& list : owned)
-      if (k < list.size()) {
-        order.push_back(list[k]);
-        any = true;
-      }
-    if (!any) break;
-  }
+  const int me = engine_.rank();
+  const std::vector<int> order = broadcast_order(placement_);
   auto invert = [&](int f) {
     Phase phase("kdist::kfac::inverse", options_.timeline, "kfac inverses");
     const double t0 = Clock::local_now();

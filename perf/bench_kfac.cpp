@@ -11,16 +11,21 @@
 // and last the iteration time relative to D-KFAC, measured first in the same run.
 //
 // The network: torchvision ResNet-50's 53 convolutions (v1.5: the stride in the 3x3 conv) and its
-// fc layer, in forward order, with every channel count divided by --width and the input side
-// 224 / --downscale (so the spatial sizes of every stage shrink alike). Each convolution runs on
+// fc layer, in forward order (perf/model/networks.hpp, the shapes the scale model projects), with
+// every channel count divided by --width and the input side 224 / --downscale (so the spatial
+// sizes of every stage shrink alike). Each convolution runs on
 // a random input of its own shape (no residual adds, batch norm or ReLU: the convolutions are
 // where ResNet's time goes); the output gradient of each is random too. Factors and inverses are
 // updated every iteration (k1 = k2 = 1) as in the paper's per-iteration figures. The iterations go
 // round-robin over the configurations (one Preconditioner each). Every figure is rank 0's median
 // over --iters iterations after --warmup, except total (median of the max over ranks).
 //   mpiexec -n 2 build/perf/bench_kfac [--part strategies|ablation|all] [--cost-models FILE] [--json FILE]
-// (perf/run_netns.sh runs it on an emulated cluster link).
+//                                      [--profile FILE]
+// (perf/run_netns.sh runs it on an emulated cluster link). --profile also writes the per-layer
+// compute, inverse and packing times kdist_model replays (class Profile below), sampled in the
+// same round-robin.
 #include <kdist/comm/fused_allreducer.hpp>
+#include <kdist/core/atomic_file.hpp>
 #include <kdist/kfac/preconditioner.hpp>
 #include <kdist/nn/conv2d.hpp>
 #include <kdist/nn/dense.hpp>
@@ -34,6 +39,7 @@
 #include <memory>
 
 #include "bench_mpi.hpp"
+#include "model/networks.hpp"
 
 namespace {
 
@@ -45,34 +51,13 @@ using Conv = nn::Conv2d<T, Mem>;
 using Dense = nn::Dense<T, Mem>;
 using KFAC = kfac::Preconditioner<T, Mem>;
 
-struct ConvSpec {
-  int c_in, c_out, k, stride, padding, side;  // side: the input's height and width
-};
+using Shape = kdist_perf::LayerShape;
 
 struct Settings {
   int width = 4, downscale = 4, batch = 8, warmup = 2, iters = 7;
-  std::string part = "all", json, cost_models;
+  std::string part = "all", json, cost_models, profile;
   bool replicated_precondition = false;
 };
-
-// torchvision ResNet-50 v1.5 convolutions, channels / width, input side 224 / downscale.
-std::vector<ConvSpec> resnet50_convs(int width, int downscale) {
-  const int side = 224 / downscale;
-  std::vector<ConvSpec> L = {{3, 64 / width, 7, 2, 3, side}};
-  int in = 64 / width, s = side / 4;  // after the stride-2 conv1 and the stride-2 max pool
-  const int planes[] = {64, 128, 256, 512}, blocks[] = {3, 4, 6, 3};
-  for (int stage = 0; stage < 4; ++stage)
-    for (int b = 0; b < blocks[stage]; ++b) {
-      const int p = planes[stage] / width, stride = stage > 0 && b == 0 ? 2 : 1, s2 = (s + stride - 1) / stride;
-      L.push_back({in, p, 1, 1, 0, s});                       // 1x1 reduce
-      L.push_back({p, p, 3, stride, 1, s});                   // 3x3
-      L.push_back({p, 4 * p, 1, 1, 0, s2});                   // 1x1 expand
-      if (b == 0) L.push_back({in, 4 * p, 1, stride, 0, s});  // downsample
-      in = 4 * p;
-      s = s2;
-    }
-  return L;
-}
 
 template <class V>
 void fill_random(const V& v, std::uint64_t seed, double scale) {
@@ -85,25 +70,28 @@ void fill_random(const V& v, std::uint64_t seed, double scale) {
 class Network {
  public:
   Network(const Settings& s, comm::Communicator& world) : grads_engine_(world) {
-    const auto specs = resnet50_convs(s.width, s.downscale);
+    specs_ = kdist_perf::network_layers("resnet50", s.width, 224 / s.downscale);
+    const Shape fc = specs_.back();
+    specs_.pop_back();
+    const auto& specs = specs_;
     std::uint64_t seed = 1 + 1000 * static_cast<std::uint64_t>(world.rank());
-    for (const ConvSpec& c : specs) {
-      conv_.emplace_back(c.c_in, c.c_out, c.k, c.k, c.stride, c.padding, false);
-      const int out = (c.side + 2 * c.padding - c.k) / c.stride + 1;
-      x_.emplace_back("x", s.batch, c.c_in, c.side, c.side);
+    for (const Shape& c : specs) {
+      conv_.emplace_back(c.c_in, c.c_out, c.k_h, c.k_w, c.stride, c.pad_h, false);
+      const int out = c.out_h();
+      x_.emplace_back("x", s.batch, c.c_in, c.in_h, c.in_w);
       y_.emplace_back("y", s.batch, c.c_out, out, out);
       dy_.emplace_back("dy", s.batch, c.c_out, out, out);
-      dx_.emplace_back("dx", s.batch, c.c_in, c.side, c.side);
+      dx_.emplace_back("dx", s.batch, c.c_in, c.in_h, c.in_w);
       nn::he_init(Exec(), conv_.back(), seed++);
       fill_random(x_.back(), seed++, 1.0);
       fill_random(dy_.back(), seed++, 1.0 / s.batch);
     }
-    const int features = specs.back().c_out;
-    fc_ = std::make_unique<Dense>(features, 1000, true);
+    const int features = fc.c_in;
+    fc_ = std::make_unique<Dense>(features, fc.c_out, true);
     nn::he_init(Exec(), *fc_, seed++);
     fc_x_ = nn::Tensor2<T, Mem>("fc_x", s.batch, features);
-    fc_y_ = nn::Tensor2<T, Mem>("fc_y", s.batch, 1000);
-    fc_dy_ = nn::Tensor2<T, Mem>("fc_dy", s.batch, 1000);
+    fc_y_ = nn::Tensor2<T, Mem>("fc_y", s.batch, fc.c_out);
+    fc_dy_ = nn::Tensor2<T, Mem>("fc_dy", s.batch, fc.c_out);
     fc_dx_ = nn::Tensor2<T, Mem>("fc_dx", s.batch, features);
     fill_random(fc_x_, seed++, 1.0);
     fill_random(fc_dy_, seed++, 1.0 / s.batch);
@@ -146,6 +134,35 @@ class Network {
       else
         conv_[l].backward(exec, dy_[l], dx_[l]);
   }
+  /// Layer l's forward (with its on_forward hook when attached), fenced, in seconds.
+  double forward_layer(const Exec& exec, int l) {
+    const double t0 = Clock::local_now();
+    if (l < static_cast<int>(conv_.size()))
+      conv_[static_cast<std::size_t>(l)].forward(exec, x_[static_cast<std::size_t>(l)],
+                                                 y_[static_cast<std::size_t>(l)]);
+    else
+      fc_->forward(exec, fc_x_, fc_y_);
+    exec.fence();
+    return Clock::local_now() - t0;
+  }
+  double backward_layer(const Exec& exec, int l) {
+    const double t0 = Clock::local_now();
+    const auto i = static_cast<std::size_t>(l);
+    if (l == static_cast<int>(conv_.size()))
+      fc_->backward(exec, fc_dy_, fc_dx_);
+    else if (l == 0)
+      conv_[i].backward(exec, dy_[i]);
+    else
+      conv_[i].backward(exec, dy_[i], dx_[i]);
+    exec.fence();
+    return Clock::local_now() - t0;
+  }
+  const std::vector<Shape>& specs() const { return specs_; }
+  std::size_t gradient_elements(int l) const {
+    return l < static_cast<int>(conv_.size()) ? conv_[static_cast<std::size_t>(l)].gradient().weight.size()
+                                              : fc_->gradient().weight.size() + fc_->gradient().bias.size();
+  }
+
   void reduce_gradients(const Exec& exec) {
     fused_->begin();
     for (std::size_t i = 0; i < grads_.size(); ++i) fused_->ready(exec, static_cast<int>(i), grads_[i]);
@@ -162,6 +179,7 @@ class Network {
   }
 
   comm::Engine grads_engine_;
+  std::vector<Shape> specs_;
   std::vector<Conv> conv_;
   std::vector<nn::Tensor4<T, Mem>> x_, y_, dy_, dx_;
   std::unique_ptr<Dense> fc_;
@@ -211,16 +229,20 @@ Breakdown iteration(Network& net, KFAC& kfac) {
 // Every configuration's Preconditioner exists at once and the iterations go round-robin over
 // them, so a drift of the machine's speed (this VM's drifts by 1.5x within an hour) lands on every
 // configuration alike; then the median over iterations of each phase, in milliseconds.
+// With a profile (class Profile below), one profile sample opens each round.
+template <class Sampler>
 std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Network& net,
-                               const std::vector<Config>& configs) {
+                               const std::vector<Config>& configs, Sampler* profile) {
   std::vector<std::unique_ptr<KFAC>> kfacs;
   for (const Config& c : configs) kfacs.push_back(std::make_unique<KFAC>(world, net.kfac_layers(), c.options));
   std::vector<std::vector<Breakdown>> runs(configs.size());
-  for (int it = 0; it < s.warmup + s.iters; ++it)
+  for (int it = 0; it < s.warmup + s.iters; ++it) {
+    if (profile) profile->sample(it >= s.warmup);
     for (std::size_t c = 0; c < configs.size(); ++c) {
       const Breakdown b = iteration(net, *kfacs[c]);
       if (it >= s.warmup) runs[c].push_back(b);
     }
+  }
   std::vector<Breakdown> medians;
   for (const auto& r : runs) {
     auto med = [&](double Breakdown::*field) {
@@ -234,6 +256,194 @@ std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Net
   }
   return medians;
 }
+
+// Per-layer compute times for the scale model (perf/model, kdist_model --profile), sampled once per
+// round of the round-robin so that they see the same machine as the configurations:
+//  - a D-KFAC Preconditioner is attached, so the hooks compute and blend factors without
+//    communicating; each layer's forward and backward is fenced and timed, and the hook's share is
+//    read from the Preconditioner's own factor_compute counter around the call; then the same with
+//    an SPD-KFAC one, whose hooks also pack each factor and progress the pipelined all-reduce (on
+//    these two cores that progress is CPU work: TCP or shared-memory copies);
+//  - both products of V = G^-1 [dW|db] A^-1 per layer as real gemms of the layer's shapes, and the
+//    Preconditioner's own passes over the gradient (gather, the clip's inner product, scatter);
+//  - the SPD inverse of every distinct factor dimension (F^T F / d + I: SPD and well conditioned
+//    like a running factor; an ill-conditioned F^T F ran 1.5x slower in OpenBLAS here), and packing
+//    and unpacking it as the FusedAllreducer does.
+// Medians over the rounds, rank 0's.
+class Profile {
+ public:
+  Profile(const Settings& s, comm::Communicator& world, Network& net)
+      : net_(net),
+        kfac_(world, net.kfac_layers(), options(kfac::Strategy::dkfac, s)),
+        pipelined_(world, net.kfac_layers(), options(kfac::Strategy::spd, s)) {
+    const auto L = static_cast<std::size_t>(net.layers());
+    for (auto* v : {&fwd_, &bwd_, &fa_, &fg_, &pre_, &copy_, &pfa_, &pfg_, &unused_f_, &unused_b_}) v->resize(L);
+    for (const auto& layer : net.kfac_layers()) {
+      dims_.push_back(layer.a_dim());
+      dims_.push_back(layer.g_dim());
+    }
+    std::sort(dims_.begin(), dims_.end());
+    dims_.erase(std::unique(dims_.begin(), dims_.end()), dims_.end());
+    for (auto* v : {&inverse_, &pack_, &unpack_}) v->resize(dims_.size());
+  }
+
+  void sample(bool keep) {
+    layers_pass(kfac_, fwd_, fa_, bwd_, fg_, keep);
+    layers_pass(pipelined_, unused_f_, pfa_, unused_b_, pfg_, keep);
+    precondition_pass(keep);
+    inverse_pass(keep);
+  }
+
+  void write(const Settings& s, int ranks) const {
+    const auto layers = net_.kfac_layers();
+    nlohmann::json rows = nlohmann::json::array(), inverses = nlohmann::json::array();
+    for (std::size_t l = 0; l < layers.size(); ++l) rows.push_back(row(l, layers[l]));
+    for (std::size_t i = 0; i < dims_.size(); ++i)
+      inverses.push_back({{"dim", dims_[i]},
+                          {"seconds", kdist_bench::median(inverse_[i])},
+                          {"pack_s", kdist_bench::median(pack_[i])},
+                          {"unpack_s", kdist_bench::median(unpack_[i])}});
+    const nlohmann::json doc{{"source", "bench_kfac --profile"},
+                             {"network", "resnet50"},
+                             {"width", s.width},
+                             {"side", 224 / s.downscale},
+                             {"batch", s.batch},
+                             {"ranks", ranks},
+                             {"iters", s.iters},
+                             {"layers", rows},
+                             {"inverses", inverses}};
+    write_file_atomically(s.profile, doc.dump(1) + "\n", "bench_kfac --profile");
+  }
+
+ private:
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Mem>;
+
+  static kfac::Options options(kfac::Strategy strategy, const Settings& s) {
+    kfac::Options o;
+    o.strategy = strategy;
+    o.damping = 1e-2;
+    o.profile_steps = 1;
+    o.cost_models = s.cost_models;
+    return o;
+  }
+
+  using Samples = std::vector<std::vector<double>>;
+  template <class Run>
+  static void timed(KFAC& kfac, Run&& run, std::vector<double>& compute, std::vector<double>& hook, bool keep) {
+    const double f0 = kfac.stats().factor_compute;
+    const double t = run();
+    const double h = kfac.stats().factor_compute - f0;
+    if (!keep) return;
+    compute.push_back(t - h);
+    hook.push_back(h);
+  }
+
+  // One iteration with `kfac` attached, each layer's forward and backward timed apart from its hook.
+  void layers_pass(KFAC& kfac, Samples& fwd, Samples& fa, Samples& bwd, Samples& fg, bool keep) {
+    const auto L = fwd.size();
+    net_.attach(&kfac);
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (std::size_t l = 0; l < L; ++l)
+      timed(
+          kfac, [&] { return net_.forward_layer(exec_, static_cast<int>(l)); }, fwd[l], fa[l], keep);
+    for (std::size_t l = L; l-- > 0;)
+      timed(
+          kfac, [&] { return net_.backward_layer(exec_, static_cast<int>(l)); }, bwd[l], fg[l], keep);
+    kfac.step(exec_, net_.gradients());
+    net_.attach(nullptr);
+  }
+
+  void precondition_pass(bool keep) {
+    const auto layers = net_.kfac_layers();
+    const auto grads = net_.gradients();
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const int g = layers[l].g_dim(), a = layers[l].a_dim();
+      Matrix Gi("Ginv", g, g), W("W", g, a), Ai("Ainv", a, a), R("R", g, a), V("V", g, a);
+      fill_random(Gi, std::uint64_t{7}, 1.0);
+      fill_random(W, std::uint64_t{8}, 1.0);
+      fill_random(Ai, std::uint64_t{9}, 1.0);
+      exec_.fence();
+      const double t0 = Clock::local_now();
+      gemm(exec_, "N", "N", T(1), Gi, W, T(0), R);
+      gemm(exec_, "N", "N", T(1), R, Ai, T(0), V);
+      exec_.fence();
+      const double t1 = Clock::local_now();
+      kfac::impl::gather_gradient(exec_, W, grads[l].weight, grads[l].bias, layers[l].bias());
+      (void)kfac::impl::inner(exec_, V, W);
+      kfac::impl::scatter_gradient(exec_, grads[l].weight, grads[l].bias, V, T(1), layers[l].bias());
+      exec_.fence();
+      if (!keep) continue;
+      pre_[l].push_back(t1 - t0);
+      copy_[l].push_back(Clock::local_now() - t1);
+    }
+  }
+
+  void inverse_pass(bool keep) {
+    for (std::size_t i = 0; i < dims_.size(); ++i) {
+      const int d = dims_[i];
+      Matrix F("F", d, d), G("G", d, d), Fi("Finv", d, d);
+      fill_random(F, static_cast<std::uint64_t>(d), 1.0);
+      gemm(exec_, "T", "N", T(1) / static_cast<T>(d), F, F, T(0), G);
+      Kokkos::parallel_for(
+          "bench_kfac::identity", Kokkos::RangePolicy<Exec>(exec_, 0, d),
+          KOKKOS_LAMBDA(const int j) { G(j, j) += T(1); });
+      Kokkos::View<T*, Mem> packed("packed", packed_size(static_cast<std::size_t>(d)));
+      exec_.fence();
+      const double t0 = Clock::local_now();
+      spd_inverse(exec_, G, 1e-2, Fi, ws_);
+      exec_.fence();
+      const double t1 = Clock::local_now();
+      pack_upper(exec_, G, packed);
+      exec_.fence();
+      const double t2 = Clock::local_now();
+      unpack_upper(exec_, packed, Fi);
+      exec_.fence();
+      if (!keep) continue;
+      inverse_[i].push_back(t1 - t0);
+      pack_[i].push_back(t2 - t1);
+      unpack_[i].push_back(Clock::local_now() - t2);
+    }
+  }
+
+  nlohmann::json row(std::size_t l, const kfac::Layer& layer) const {
+    const bool dense = l + 1 == fwd_.size();
+    Shape c;
+    if (dense) {
+      c.c_in = layer.inputs();
+      c.c_out = layer.outputs();
+    } else {
+      c = net_.specs()[l];
+    }
+    return {{"label", dense ? std::string("fc") : "conv" + std::to_string(l)},
+            {"dense", dense},
+            {"bias", layer.bias()},
+            {"c_in", c.c_in},
+            {"c_out", c.c_out},
+            {"k", c.k_h},
+            {"stride", c.stride},
+            {"padding", c.pad_h},
+            {"side", c.in_h},
+            {"a_dim", layer.a_dim()},
+            {"g_dim", layer.g_dim()},
+            {"gradient_elements", net_.gradient_elements(static_cast<int>(l))},
+            {"forward_s", kdist_bench::median(fwd_[l])},
+            {"backward_s", kdist_bench::median(bwd_[l])},
+            {"factor_a_s", kdist_bench::median(fa_[l])},
+            {"factor_g_s", kdist_bench::median(fg_[l])},
+            {"factor_a_pipelined_s", kdist_bench::median(pfa_[l])},
+            {"factor_g_pipelined_s", kdist_bench::median(pfg_[l])},
+            {"precondition_s", kdist_bench::median(pre_[l])},
+            {"precondition_copy_s", kdist_bench::median(copy_[l])}};
+  }
+
+  Exec exec_;
+  Network& net_;
+  KFAC kfac_, pipelined_;
+  InverseWorkspace<T, Mem> ws_;
+  std::vector<int> dims_;
+  Samples fwd_, bwd_, fa_, fg_, pre_, copy_, inverse_, pack_, unpack_;
+  Samples pfa_, pfg_, unused_f_, unused_b_;  // the pipelined hooks (packing and progress included)
+};
 
 std::vector<Config> configs(const Settings& s) {
   kfac::Options base;
@@ -293,6 +503,8 @@ int main(int argc, char** argv) {
     app.add_option("--cost-models", s.cost_models,
                    "kdist_calibrate output for the planners and LBP (default: the stated defaults)");
     app.add_option("--json", s.json, "write the rows to this JSON file");
+    app.add_option("--profile", s.profile,
+                   "first write per-layer compute times to this JSON file (input of kdist_model)");
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     try {
@@ -305,6 +517,11 @@ int main(int argc, char** argv) {
     try {
       comm::Communicator world(MPI_COMM_WORLD);
       Network net(s, world);
+      std::unique_ptr<Profile> profile;
+      if (!s.profile.empty()) {
+        check_file_writable(s.profile, "bench_kfac --profile");
+        profile = std::make_unique<Profile>(s, world, net);
+      }
       kdist_bench::Table table("bench_kfac", {"config", "fwd_bwd_ms", "grad_comm_ms", "factors_ms", "factor_comm_ms",
                                               "inverses_ms", "inverse_comm_ms", "precond_ms", "total_ms", "vs_dkfac"});
       table.set_print(rank == 0);
@@ -321,7 +538,8 @@ int main(int argc, char** argv) {
             s.replicated_precondition ? "on every rank" : "split", s.iters);
       table.print_header();
       const std::vector<Config> runs = configs(s);
-      const std::vector<Breakdown> results = measure(s, world, net, runs);
+      const std::vector<Breakdown> results = measure(s, world, net, runs, profile.get());
+      if (profile && rank == 0) profile->write(s, world.size());
       for (std::size_t c = 0; c < runs.size(); ++c) {
         const Breakdown& b = results[c];
         table.row({runs[c].name, b.fwd_bwd, b.grad_comm, b.factors, b.factor_comm, b.inverses, b.inverse_comm,

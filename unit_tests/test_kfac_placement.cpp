@@ -142,7 +142,8 @@ TEST_CASE("placement: LBP gives the largest CT factor to the least-loaded rank",
   CHECK(p.modelled_time == Approx(35e-6));
 }
 
-TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP <= c(P) OPT", "[kfac][placement][slow]") {
+TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP <= c(P) OPT",
+          "[kfac][placement][slow]") {
   std::mt19937_64 rng(20240611);
   std::vector<double> ratios, worst(5, 1.0);
   int ct = 0, nct = 0;
@@ -179,6 +180,64 @@ TEST_CASE("placement: optimal equals a brute-force enumeration; LB <= OPT <= LBP
               ratios.size(), ratios[ratios.size() / 2], ratios.back(), ct, nct);
   for (int p = 1; p <= 4; ++p)
     std::printf("  P = %d: worst %.4f, proven bound %.1f\n", p, worst[p], kdist::kfac::lbp_bound_factor(p));
+}
+
+namespace {
+// The end of the last broadcast when owners invert in `order` and one channel sends in `order`.
+double channel_end(const Placement& p, const std::vector<int>& order) {
+  std::vector<double> compute(static_cast<std::size_t>(p.ranks), 0.0);
+  double channel = 0;
+  for (int f : order) {
+    double& c = compute[static_cast<std::size_t>(p.owner[static_cast<std::size_t>(f)])];
+    c += p.inverse_s[static_cast<std::size_t>(f)];
+    channel = std::max(channel, c) + p.broadcast_s[static_cast<std::size_t>(f)];
+  }
+  return channel;
+}
+}  // namespace
+
+TEST_CASE("placement: broadcast order is Johnson's per owner and by ready time across owners", "[kfac][placement]") {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    // One owner, up to 6 CT factors: Johnson's order ends the channel as early as any permutation.
+    Placement one;
+    one.ranks = 2;
+    const int n = 1 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < n; ++i) {
+      one.owner.push_back(0);
+      one.inverse_s.push_back(u(rng));
+      one.broadcast_s.push_back(u(rng));
+    }
+    std::vector<int> perm(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = i;
+    double best = std::numeric_limits<double>::infinity();
+    do best = std::min(best, channel_end(one, perm));
+    while (std::next_permutation(perm.begin(), perm.end()));
+    INFO("trial " << trial << ", " << n << " factors");
+    CHECK(channel_end(one, kdist::kfac::broadcast_order(one)) == Approx(best));
+
+    // Random placements: every CT factor once, no NCT, ready times non-decreasing.
+    const Linear lin = random_linear(rng);
+    const int ranks = 1 + static_cast<int>(rng() % 4);
+    const auto items = items_of(random_dims(rng, 1 + static_cast<int>(rng() % 10)));
+    const Placement p = place(items, lin.models(), ranks, PlacementKind::lbp);
+    const std::vector<int> order = kdist::kfac::broadcast_order(p);
+    std::vector<int> ct;
+    for (std::size_t i = 0; i < p.owner.size(); ++i)
+      if (p.owner[i] >= 0) ct.push_back(static_cast<int>(i));
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == ct);
+    std::vector<double> ready(static_cast<std::size_t>(ranks), 0.0);
+    double last = 0;
+    for (int f : order) {
+      double& r = ready[static_cast<std::size_t>(p.owner[static_cast<std::size_t>(f)])];
+      r += p.inverse_s[static_cast<std::size_t>(f)];
+      CHECK(r >= last);
+      last = r;
+    }
+  }
 }
 
 TEST_CASE("placement: optimal beats LBP on equal factors and proves it", "[kfac][placement][slow]") {
