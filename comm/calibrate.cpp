@@ -11,18 +11,20 @@ namespace comm {
 namespace {
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-/// One timed run: a 1-element all-reduce as the barrier, the operation, then the maximum of
-/// the ranks' elapsed times (a 1-element max all-reduce). All three go through the engine.
+/// One timed run: a 1-element all-reduce as the barrier, the operations (all posted, then all
+/// waited), then the maximum of the ranks' elapsed times per operation (a 1-element max
+/// all-reduce). All of them go through the engine.
 template <class T>
-double timed_run(Engine& engine, CostOp op, const Kokkos::View<T*, Kokkos::HostSpace>& v,
+double timed_run(Engine& engine, CostOp op, const std::vector<Kokkos::View<T*, Kokkos::HostSpace>>& buffers,
                  const Kokkos::View<double*, Kokkos::HostSpace>& scalar) {
   engine.allreduce(Host(), scalar, ReduceOp::sum, "kdist::calibrate::barrier").wait();
   const double t0 = Clock::local_now();
-  if (op == CostOp::broadcast)
-    engine.broadcast(Host(), v, 0, "kdist::calibrate::broadcast").wait();
-  else
-    engine.allreduce(Host(), v, ReduceOp::sum, "kdist::calibrate::allreduce").wait();
-  scalar(0) = Clock::local_now() - t0;
+  std::vector<Request> ops;
+  for (const auto& v : buffers)
+    ops.push_back(op == CostOp::broadcast ? engine.broadcast(Host(), v, 0, "kdist::calibrate::broadcast")
+                                          : engine.allreduce(Host(), v, ReduceOp::sum, "kdist::calibrate::allreduce"));
+  for (Request& r : ops) r.wait();
+  scalar(0) = (Clock::local_now() - t0) / static_cast<double>(buffers.size());
   engine.allreduce(Host(), scalar, ReduceOp::max, "kdist::calibrate::max_time").wait();
   return scalar(0);
 }
@@ -32,10 +34,11 @@ CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o
   std::vector<double> xs, ts;
   Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::calibrate::scalar", 1);
   for (std::size_t bytes = std::max<std::size_t>(o.min_bytes, sizeof(T)); bytes <= o.max_bytes; bytes *= 4) {
-    Kokkos::View<T*, Kokkos::HostSpace> v("kdist::calibrate::payload", bytes / sizeof(T));
+    std::vector<Kokkos::View<T*, Kokkos::HostSpace>> buffers;
+    for (int k = 0; k < o.in_flight; ++k) buffers.emplace_back("kdist::calibrate::payload", bytes / sizeof(T));
     std::vector<double> samples;
     for (int r = 0; r < o.warmup + o.repeats; ++r) {
-      const double worst = timed_run(engine, op, v, scalar);
+      const double worst = timed_run(engine, op, buffers, scalar);
       if (r >= o.warmup) samples.push_back(worst);
     }
     xs.push_back(static_cast<double>(bytes));
@@ -51,11 +54,12 @@ CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const Cal
     kdist::impl::throw_invalid(func, std::string("cannot calibrate ") + to_string(op));
   if (dtype != DType::float32 && dtype != DType::float64)
     kdist::impl::throw_invalid(func, std::string("cannot calibrate dtype ") + to_string(dtype));
-  if (options.repeats < 1 || options.warmup < 0 || options.min_bytes > options.max_bytes)
-    kdist::impl::throw_invalid(func, "needs repeats >= 1, warmup >= 0 and min_bytes <= max_bytes, got repeats " +
-                                         std::to_string(options.repeats) + ", warmup " +
-                                         std::to_string(options.warmup) + ", bytes " +
-                                         std::to_string(options.min_bytes) + ".." + std::to_string(options.max_bytes));
+  if (options.repeats < 1 || options.warmup < 0 || options.in_flight < 1 || options.min_bytes > options.max_bytes)
+    kdist::impl::throw_invalid(
+        func, "needs repeats >= 1, warmup >= 0, in_flight >= 1 and min_bytes <= max_bytes, got repeats " +
+                  std::to_string(options.repeats) + ", warmup " + std::to_string(options.warmup) + ", in_flight " +
+                  std::to_string(options.in_flight) + ", bytes " + std::to_string(options.min_bytes) + ".." +
+                  std::to_string(options.max_bytes));
   return dtype == DType::float32 ? calibrate_typed<float>(engine, op, options)
                                  : calibrate_typed<double>(engine, op, options);
 }

@@ -2,7 +2,11 @@
 // broadcast (root 0) timed over log-spaced sizes from min_bytes to max_bytes (x 4 per step).
 // Each size: `warmup` untimed runs, then `repeats` timed ones; a timed run is a barrier, one
 // operation, and the maximum of the ranks' elapsed times; the model keeps the median over
-// repeats. Collective: every rank of the engine calls it with the same arguments, and every
+// repeats. With in_flight = k > 1 a timed run posts k operations (k buffers) at once, waits
+// them all and counts elapsed / k: the cost of one call among calls back to back, as the fused,
+// pipelined reductions issue them. It differs from the single call where a call's start-up
+// overlaps the next (oversubscribed ranks: one call waits a scheduler slice, k calls share it).
+// Collective: every rank of the engine calls it with the same arguments, and every
 // collective it runs goes through `engine`, so it is ordered with the engine's other work.
 #pragma once
 
@@ -19,10 +23,11 @@ struct CalibrationOptions {
   std::size_t max_bytes = 64u << 20;
   int warmup = 5;
   int repeats = 5;
+  int in_flight = 1;  ///< operations posted together per timed run (their mean is recorded)
 };
 
 /// Measures `op` (CostOp::allreduce or CostOp::broadcast) on float32 or float64 views.
-/// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0 or
+/// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0, in_flight < 1 or
 /// min_bytes > max_bytes (the same on every rank, before any communication). Collective.
 CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const CalibrationOptions& options);
 

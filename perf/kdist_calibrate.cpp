@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
     app.add_option("--out", out, "calibration file to write (merged with an existing one)");
     app.add_option("--max-bytes", opt.max_bytes, "largest message (bytes)");
     app.add_option("--reps", opt.repeats, "timed repeats per size (median of max over ranks)");
+    app.add_option("--in-flight", opt.in_flight,
+                   "operations posted together per timed run, their mean recorded (oversubscribed ranks: 8)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--inverse-max-d", inverse_max_d, "largest SPD inverse dimension (0: skip)");
     app.add_option("--inverse-budget", budget, "seconds the inverse calibration may take");
     try {

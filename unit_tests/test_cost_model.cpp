@@ -130,6 +130,17 @@ TEST_CASE("calibrate_collective runs every collective through the engine", "[com
   kdist::comm::calibrate_collective(engine, CostOp::broadcast, DType::float32, o);
   CHECK(engine.stats().operations == 3 * samples);
   CHECK(engine.in_flight() == 0);
+  // Four in flight per sample: four measured operations between the barrier and the max.
+  kdist::comm::CalibrationOptions four = o;
+  four.in_flight = 4;
+  engine.reset_stats();
+  const CostModel m = kdist::comm::calibrate_collective(engine, CostOp::allreduce, DType::float32, four);
+  CHECK(engine.stats().operations == 6 * samples);
+  CHECK(engine.in_flight() == 0);
+  CHECK(m.x() == std::vector<double>{4, 16});
+  four.in_flight = 0;
+  REQUIRE_THROWS_WITH(kdist::comm::calibrate_collective(engine, CostOp::allreduce, DType::float32, four),
+                      Catch::Contains("in_flight 0"));
 }
 
 namespace {
