@@ -263,7 +263,8 @@ std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Net
 //    communicating; each layer's forward and backward is fenced and timed, and the hook's share is
 //    read from the Preconditioner's own factor_compute counter around the call; then the same with
 //    an SPD-KFAC one, whose hooks also pack each factor and progress the pipelined all-reduce (on
-//    these two cores that progress is CPU work: TCP or shared-memory copies);
+//    these two cores that progress is CPU work: TCP or shared-memory copies), and whose layers then
+//    run beside the transfer (the kernel's TCP work takes the same cores);
 //  - both products of V = G^-1 [dW|db] A^-1 per layer as real gemms of the layer's shapes, and the
 //    Preconditioner's own passes over the gradient (gather, the clip's inner product, scatter);
 //  - the SPD inverse of every distinct factor dimension (F^T F / d + I: SPD and well conditioned
@@ -277,7 +278,7 @@ class Profile {
         kfac_(world, net.kfac_layers(), options(kfac::Strategy::dkfac, s)),
         pipelined_(world, net.kfac_layers(), options(kfac::Strategy::spd, s)) {
     const auto L = static_cast<std::size_t>(net.layers());
-    for (auto* v : {&fwd_, &bwd_, &fa_, &fg_, &pre_, &copy_, &pfa_, &pfg_, &unused_f_, &unused_b_}) v->resize(L);
+    for (auto* v : {&fwd_, &bwd_, &fa_, &fg_, &pre_, &copy_, &pfa_, &pfg_, &pfwd_, &pbwd_}) v->resize(L);
     for (const auto& layer : net.kfac_layers()) {
       dims_.push_back(layer.a_dim());
       dims_.push_back(layer.g_dim());
@@ -289,7 +290,7 @@ class Profile {
 
   void sample(bool keep) {
     layers_pass(kfac_, fwd_, fa_, bwd_, fg_, keep);
-    layers_pass(pipelined_, unused_f_, pfa_, unused_b_, pfg_, keep);
+    layers_pass(pipelined_, pfwd_, pfa_, pbwd_, pfg_, keep);
     precondition_pass(keep);
     inverse_pass(keep);
   }
@@ -432,6 +433,8 @@ class Profile {
             {"factor_g_s", kdist_bench::median(fg_[l])},
             {"factor_a_pipelined_s", kdist_bench::median(pfa_[l])},
             {"factor_g_pipelined_s", kdist_bench::median(pfg_[l])},
+            {"forward_pipelined_s", kdist_bench::median(pfwd_[l])},
+            {"backward_pipelined_s", kdist_bench::median(pbwd_[l])},
             {"precondition_s", kdist_bench::median(pre_[l])},
             {"precondition_copy_s", kdist_bench::median(copy_[l])}};
   }
@@ -442,7 +445,7 @@ class Profile {
   InverseWorkspace<T, Mem> ws_;
   std::vector<int> dims_;
   Samples fwd_, bwd_, fa_, fg_, pre_, copy_, inverse_, pack_, unpack_;
-  Samples pfa_, pfg_, unused_f_, unused_b_;  // the pipelined hooks (packing and progress included)
+  Samples pfa_, pfg_, pfwd_, pbwd_;  // with the pipelined Preconditioner: hooks (packing, progress), layers
 };
 
 std::vector<Config> configs(const Settings& s) {

@@ -3,7 +3,10 @@
 //   --part validate     every bench_kfac configuration at the calibrated rank count, from a
 //                       bench_kfac --profile (per-layer times) and a kdist_calibrate file; with
 //                       --measured BENCH.json (bench_kfac --json of the same setting) the measured
-//                       total and model / measured as the last column.
+//                       total and model / measured as the last column. It plans (fusion, placement)
+//                       with --calibration, the file the run was given, and times the collectives
+//                       with --timing FILE when given (a calibration of the same setting taken
+//                       another way, e.g. kdist_calibrate --in-flight), else with --calibration.
 //   --part strategies   per P: D-KFAC, MPD-KFAC and SPD-KFAC iteration times, SPD / MPD, SPD / D-KFAC
 //   --part ablation     per P: the paper's Table IV against D-KFAC (-Pipe-LBP): +Pipe-LBP (pipelined,
 //                       optimal fusion, replicated inverses), -Pipe+LBP, +Pipe+LBP (= spd)
@@ -37,7 +40,7 @@ using namespace kdist_perf;
 using nlohmann::json;
 
 struct Settings {
-  std::string part = "strategies", network = "resnet50", cluster, calibration, profile, measured, json;
+  std::string part = "strategies", network = "resnet50", cluster, calibration, timing, profile, measured, json;
   std::vector<int> ranks = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   int batch = 0;
   kdist::comm::Planner gradient_planner = kdist::comm::Planner::threshold;
@@ -87,6 +90,8 @@ Profile read_profile(const std::string& path) {
       const json& l = j.at("layers")[i];
       p.times[i].factor_a_pipelined = l.at("factor_a_pipelined_s").get<double>();
       p.times[i].factor_g_pipelined = l.at("factor_g_pipelined_s").get<double>();
+      p.times[i].forward_pipelined = l.value("forward_pipelined_s", 0.0);  // profiles before these fields: 0
+      p.times[i].backward_pipelined = l.value("backward_pipelined_s", 0.0);
     }
     for (LayerTimes& l : p.times) {
       std::tie(l.pack_a, l.unpack_a) = packing.at(l.a_dim);
@@ -141,9 +146,17 @@ void validate(const Settings& s, kdist_bench::Table& table) {
   // The run planned with the calibration; its inverses cost what the profile measured.
   const CommModels planning = platform.at(prof.ranks);
   CommModels actual = planning;
+  if (!s.timing.empty()) {
+    const CommModels timed =
+        Platform::from_calibration(kdist::CostModelStore::load(s.timing), {1, 1, 1, 1}, "this machine (timing)")
+            .at(prof.ranks);
+    actual.allreduce = timed.allreduce;
+    actual.placement.broadcast = timed.placement.broadcast;
+  }
   actual.placement.inverse = kdist::CostModel::from_measurements(prof.inverse_x, prof.inverse_s);
   table.context("profile", s.profile);
   table.context("calibration", s.calibration);
+  if (!s.timing.empty()) table.context("timing", s.timing);
   table.context("ranks", prof.ranks);
   table.print_header();
   for (const auto& [name, switches] : bench_configs()) {
@@ -159,7 +172,7 @@ void validate(const Settings& s, kdist_bench::Table& table) {
   }
 }
 
-Platform platform_of(const Settings& s, const std::vector<LayerShape>& shapes, int* batch) {
+Platform platform_of(const Settings& s, int* batch) {
   if (!s.cluster.empty()) {
     Platform p = Platform::from_file(s.cluster);
     *batch = s.batch > 0 ? s.batch : p.batch();
@@ -170,7 +183,6 @@ Platform platform_of(const Settings& s, const std::vector<LayerShape>& shapes, i
   const Profile prof = read_profile(s.profile);
   const ComputeRates rates = fit_rates(prof.shapes, prof.batch, prof.times);
   *batch = s.batch > 0 ? s.batch : prof.batch;
-  (void)shapes;
   return Platform::from_calibration(kdist::CostModelStore::load(s.calibration), rates,
                                     "this machine (rates from " + s.profile + ")");
 }
@@ -188,7 +200,7 @@ void project(const Settings& s, kdist_bench::Table& table) {
   using kdist::kfac::Strategy;
   const std::vector<LayerShape> shapes = network_layers(s.network);
   int batch = 0;
-  const Platform platform = platform_of(s, shapes, &batch);
+  const Platform platform = platform_of(s, &batch);
   const std::vector<LayerTimes> times = network_times(shapes, batch, platform.rates());
   table.context("network", s.network);
   table.context("platform", platform.name());
@@ -273,6 +285,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cluster", s.cluster, "cluster description (perf/model/clusters/*.json)");
   app.add_option("--calibration", s.calibration, "kdist_calibrate output of this machine");
+  app.add_option("--timing", s.timing, "validate: time the collectives with this calibration (default --calibration)");
   app.add_option("--profile", s.profile, "bench_kfac --profile output (per-layer times)");
   app.add_option("--measured", s.measured, "bench_kfac --json output to compare with (validate)");
   app.add_option("--ranks", s.ranks, "rank counts to project")->check(CLI::PositiveNumber);

@@ -104,6 +104,11 @@ TEST_CASE("scale model: exposed factor communication when backward ends first", 
 TEST_CASE("scale model: packing and unpacking of the factors", "[scale_model]") {
   // 0.1 to pack and 0.05 to unpack each factor. Not pipelined: 0.4 + 1.1 + 0.2 after the gradients.
   // Pipelined: packing moves into the hooks (factors + 0.4, T_b + 0.4), unpacking stays exposed.
+  // Inverses (LBP as in the case above, order A0, G1, A1): the owner packs each CT inverse and the
+  // others unpack it. A0 (rank 1, 0.27 + 0.1) sent 0.37 -> 0.594, G1 (rank 1, by 0.74) 0.74 -> 0.964,
+  // A1 (rank 0, by 0.74) 0.964 -> 1.204. Rank 0: inverses 0.64 + 0.08 (G0) = 0.72, work 0.82, then
+  // unpacks A0 (0.87) and G1 (max(0.87, 0.964) + 0.05 = 1.014) and waits A1: 1.204, so 0.384 of
+  // broadcast wait. Rank 1 unpacks A1 after 1.204: 1.254, the phase's end.
   auto layers = two_layers();
   for (auto& l : layers) {
     l.pack_a = l.pack_g = 0.1;
@@ -114,7 +119,27 @@ TEST_CASE("scale model: packing and unpacking of the factors", "[scale_model]") 
   const Prediction s = predict(layers, linear_models(), scenario(2, kdist::kfac::Strategy::spd));
   CHECK(s.phases.factors == Approx(2.15));
   CHECK(s.phases.factor_comm == Approx(0.2));
-  CHECK(s.phases.total == Approx(kTb + 0.4 + kGrad + 0.2 + 1.004 + kPrecond));
+  CHECK(s.phases.inverses == Approx(0.72));
+  CHECK(s.phases.inverse_comm == Approx(0.384));
+  CHECK(s.inverse_phase == Approx(1.254));
+  CHECK(s.phases.total == Approx(kTb + 0.4 + kGrad + 0.2 + 1.254 + kPrecond));
+}
+
+TEST_CASE("scale model: forward and backward beside the pipelined all-reduce", "[scale_model]") {
+  // Measured 0.5 slower per layer with the pipelined reduction in flight: only pipelined strategies
+  // see it, in fwd_bwd and in the end of backward (T_b 7.75 + 2 for SPD-KFAC, packing 0 here).
+  auto layers = two_layers();
+  for (auto& l : layers) {
+    l.forward_pipelined = l.forward + 0.25;
+    l.backward_pipelined = l.backward + 0.25;
+  }
+  const Prediction d = predict(layers, linear_models(), scenario(2, kdist::kfac::Strategy::dkfac));
+  CHECK(d.phases.fwd_bwd == Approx(6.0));
+  const Prediction s = predict(layers, linear_models(), scenario(2, kdist::kfac::Strategy::spd));
+  CHECK(s.phases.fwd_bwd == Approx(7.0));
+  CHECK(s.phases.total == Approx(kTb + 1.0 + kGrad + 1.004 + kPrecond));
+  // Ready times shift too: A1 after A0's hook, forward (1.25) and its own hook: 0.5 + 1.25 + 0.5.
+  CHECK(factor_tensors(layers, 4, true)[1].ready == Approx(2.25));
 }
 
 TEST_CASE("scale model: one rank communicates nothing", "[scale_model]") {

@@ -22,11 +22,16 @@
 //                  bench_kfac, the two share the link and end at about the same time.)
 //   not pipelined: grad after T_b, then factor_comm = packing + F (every ready time 0) + unpacking.
 //
-// Inverses, as kfac::Preconditioner::update_inverses runs them: CT factors in kfac::broadcast_order;
-// the owner inverts each after its previous CT inverses and its broadcast starts when both the
-// owner is done and the channel is free. NCT factors follow on every
-// rank. A rank finishes when its own inverses and every broadcast are done. Costs are the
-// placement's own modelled inverse_s and broadcast_s, so the model and kfac::place agree.
+// Inverses, as kfac::Preconditioner::update_inverses runs them: every rank walks the CT factors in
+// kfac::broadcast_order; the owner inverts and packs each, and every rank then posts its broadcast.
+// So rank r posts factor f once it has done its own CT work before f (the owner: including f), and
+// a broadcast, a collective, moves only when every rank has posted it (nothing runs MPI in the
+// background, and a large broadcast needs the receiver's handshake): it starts at
+// max(channel free, every rank's CT work up to f). NCT factors follow on every rank. Then each rank
+// waits the broadcasts in the same order and unpacks every factor it did not own after its wait:
+// t = max(t, end of broadcast k) + unpack. Inverse and broadcast costs are the placement's own
+// inverse_s and broadcast_s (so the model and kfac::place agree), packing and unpacking the profile's.
+// The packing after each CT inverse is in no phase the bench reports (it is in total).
 //
 // Preconditioning. Split: rank r computes columns [r w, (r+1) w) of V_l, w = ceil(a/P), both
 // products scale with the column count, so rank 0 spends min(a, w)/a of the layer's time. The
@@ -47,7 +52,8 @@ void require(bool ok, const std::string& what) {
 void check_layers(const std::vector<LayerTimes>& layers) {
   require(!layers.empty(), "the layer list is empty");
   for (const LayerTimes& l : layers) {
-    for (double t : {l.pack_a, l.pack_g, l.unpack_a, l.unpack_g, l.factor_a_pipelined, l.factor_g_pipelined})
+    for (double t : {l.pack_a, l.pack_g, l.unpack_a, l.unpack_g, l.factor_a_pipelined, l.factor_g_pipelined,
+                     l.forward_pipelined, l.backward_pipelined})
       require(std::isfinite(t) && t >= 0, "layer " + l.label + " has a packing time " + std::to_string(t));
     require(l.a_dim >= 1 && l.g_dim >= 1,
             "layer " + l.label + " has dimensions " + std::to_string(l.a_dim) + " x " + std::to_string(l.g_dim));
@@ -58,7 +64,8 @@ void check_layers(const std::vector<LayerTimes>& layers) {
 
 double end_of_backward(const std::vector<LayerTimes>& layers, bool pipelined) {
   double t = 0;
-  for (const LayerTimes& l : layers) t += l.hook_a(pipelined) + l.forward + l.hook_g(pipelined) + l.backward;
+  for (const LayerTimes& l : layers)
+    t += l.hook_a(pipelined) + l.fwd(pipelined) + l.hook_g(pipelined) + l.bwd(pipelined);
   return t;
 }
 
@@ -67,26 +74,35 @@ struct InversePhase {
   double rank0_compute = 0, rank0_end = 0, end = 0;
 };
 
-InversePhase inverse_phase(const kdist::kfac::Placement& p) {
-  const int P = p.ranks;
+// pack[f], unpack[f]: copying factor f's inverse into its broadcast buffer and out of it.
+InversePhase inverse_phase(const kdist::kfac::Placement& p, const std::vector<double>& pack,
+                           const std::vector<double>& unpack) {
+  const auto P = static_cast<std::size_t>(p.ranks);
   double nct = 0;
   for (std::size_t f = 0; f < p.owner.size(); ++f)
     if (p.owner[f] < 0) nct += p.inverse_s[f];
-  std::vector<double> compute(static_cast<std::size_t>(P), 0.0);
+  std::vector<double> work(P, 0.0), inverted(P, 0.0);  // CT work so far (inverse + pack), inverses alone
+  const std::vector<int> order = kdist::kfac::broadcast_order(p);
+  std::vector<double> sent;  // when each broadcast of `order` ends
   double channel = 0;
-  for (int f : kdist::kfac::broadcast_order(p)) {
-    const auto i = static_cast<std::size_t>(f);
-    double& owner = compute[static_cast<std::size_t>(p.owner[i])];
-    owner += p.inverse_s[i];
-    channel = std::max(channel, owner) + p.broadcast_s[i];
+  for (int f : order) {
+    const auto i = static_cast<std::size_t>(f), o = static_cast<std::size_t>(p.owner[i]);
+    work[o] += p.inverse_s[i] + pack[i];
+    inverted[o] += p.inverse_s[i];
+    channel = std::max(channel, *std::max_element(work.begin(), work.end())) + p.broadcast_s[i];
+    sent.push_back(channel);
   }
   InversePhase phase;
-  for (int r = 0; r < P; ++r) {
-    const double done = compute[static_cast<std::size_t>(r)] + nct;
-    phase.end = std::max(phase.end, std::max(done, channel));
+  for (std::size_t r = 0; r < P; ++r) {
+    double t = work[r] + nct;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const auto f = static_cast<std::size_t>(order[k]);
+      t = std::max(t, sent[k]) + (static_cast<std::size_t>(p.owner[f]) == r ? 0.0 : unpack[f]);
+    }
+    phase.end = std::max(phase.end, t);
     if (r == 0) {
-      phase.rank0_compute = done;
-      phase.rank0_end = std::max(done, channel);
+      phase.rank0_compute = inverted[r] + nct;
+      phase.rank0_end = phase.rank0_compute + (t - work[r] - nct);
     }
   }
   return phase;
@@ -119,12 +135,12 @@ std::vector<FusionTensor> factor_tensors(const std::vector<LayerTimes>& layers, 
   for (std::size_t l = 0; l < L; ++l) {
     t += layers[l].hook_a(true);
     ready[l] = t;
-    t += layers[l].forward;
+    t += layers[l].fwd(true);
   }
   for (std::size_t l = L; l-- > 0;) {
     t += layers[l].hook_g(true);
     ready[2 * L - 1 - l] = t;
-    t += layers[l].backward;
+    t += layers[l].bwd(true);
   }
   std::vector<FusionTensor> tensors;
   for (std::size_t f = 0; f < 2 * L; ++f) {
@@ -164,7 +180,7 @@ Prediction predict(const std::vector<LayerTimes>& layers, const CommModels& mode
   const bool pipelined = s.switches.pipelined;
   double pack = 0, unpack = 0;
   for (const LayerTimes& l : layers) {
-    b.fwd_bwd += l.forward + l.backward;
+    b.fwd_bwd += l.fwd(pipelined) + l.bwd(pipelined);
     b.factors += l.hook_a(pipelined) + l.hook_g(pipelined);
     pack += l.pack_a + l.pack_g;
     unpack += l.unpack_a + l.unpack_g;
@@ -199,7 +215,14 @@ Prediction predict(const std::vector<LayerTimes>& layers, const CommModels& mode
       p.placement.broadcast_s[f] = actual->placement.broadcast_time(d);
     }
   if (alone) std::fill(p.placement.broadcast_s.begin(), p.placement.broadcast_s.end(), 0.0);
-  const InversePhase inv = inverse_phase(p.placement);
+  std::vector<double> pack_inverse, unpack_inverse;  // per factor, in placement order
+  for (std::size_t f = 0; f < 2 * layers.size(); ++f) {
+    const bool is_a = f < layers.size();
+    const LayerTimes& l = layers[is_a ? f : 2 * layers.size() - 1 - f];
+    pack_inverse.push_back(is_a ? l.pack_a : l.pack_g);
+    unpack_inverse.push_back(is_a ? l.unpack_a : l.unpack_g);
+  }
+  const InversePhase inv = inverse_phase(p.placement, pack_inverse, unpack_inverse);
   b.inverses = inv.rank0_compute;
   b.inverse_comm = inv.rank0_end - inv.rank0_compute;
   p.inverse_phase = inv.end;

@@ -12,8 +12,10 @@
 //     pipelined:     factor groups from their ready times, then the gradient all-reduce (FIFO)
 //     not pipelined: the gradient all-reduce after backward, then every factor at once (packed then)
 //   the unpacking of every factor when step() has waited for the reduction
-//   inverses  CT in kfac::broadcast_order, each broadcast on the channel once its owner inverted
-//             it; NCT factors after, on every rank
+//   inverses  CT in kfac::broadcast_order: the owner inverts and packs each, every rank posts its
+//             broadcast after its own CT work before it, the channel sends it once all have; NCT
+//             factors after, on every rank; then each rank waits the broadcasts in order and
+//             unpacks those it did not own
 //   precondition  split: 1/P of the columns per rank and an all-gather of V; else all of V; the
 //             passes over the whole gradient (gather, clip, scatter) on every rank either way
 // Every phase is rank 0's, total is the last rank to finish (as bench_kfac reports them). P == 1
@@ -44,6 +46,11 @@ struct LayerTimes {
   /// The hooks when pipelined, where measured (packing and progressing the all-reduce included);
   /// 0: factor + pack.
   double factor_a_pipelined = 0, factor_g_pipelined = 0;
+  /// Forward and backward with the pipelined all-reduce in flight, where measured (on a host the
+  /// transfer's progress takes CPU from the layers); 0: forward, backward.
+  double forward_pipelined = 0, backward_pipelined = 0;
+  double fwd(bool pipelined) const { return pipelined && forward_pipelined > 0 ? forward_pipelined : forward; }
+  double bwd(bool pipelined) const { return pipelined && backward_pipelined > 0 ? backward_pipelined : backward; }
   double hook_a(bool pipelined) const {
     return !pipelined ? factor_a : factor_a_pipelined > 0 ? factor_a_pipelined : factor_a + pack_a;
   }
