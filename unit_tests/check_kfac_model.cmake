@@ -1,0 +1,35 @@
+# The SPD-KFAC study's chain at tiny sizes, so that it cannot rot: kdist_calibrate, bench_kfac with
+# --profile and --json at NP ranks, then kdist_model --part validate against that run. Checks that
+# the model reads what the bench wrote: 27 configurations, each with a measured total and a finite,
+# positive model / measured. Not a timing test: tiny layers on a busy machine say nothing of speed.
+set(costs ${DIR}/kfac_model_costs.json)
+set(profile ${DIR}/kfac_model_profile.json)
+set(bench ${DIR}/kfac_model_bench.json)
+set(model ${DIR}/kfac_model_validate.json)
+file(REMOVE ${costs} ${profile} ${bench} ${model})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "'${ARGN}' exited ${rc}")
+  endif()
+endfunction()
+run(${MPIEXEC} -n ${NP} ${CALIBRATE} --out ${costs} --max-bytes 65536 --reps 1 --inverse-max-d 128)
+run(${MPIEXEC} -n ${NP} ${BENCH} --width 16 --downscale 8 --warmup 1 --iters 3 --cost-models ${costs}
+    --profile ${profile} --json ${bench})
+run(${MODEL} --part validate --profile ${profile} --calibration ${costs} --measured ${bench} --json ${model})
+file(READ ${model} doc)
+string(JSON n LENGTH "${doc}" rows)
+if(NOT n EQUAL 27)
+  message(FATAL_ERROR "${model}: ${n} rows, expected 27")
+endif()
+math(EXPR last "${n} - 1")
+foreach(i RANGE ${last})
+  string(JSON config GET "${doc}" rows ${i} config)
+  string(JSON measured GET "${doc}" rows ${i} measured_ms)
+  string(JSON ratio GET "${doc}" rows ${i} model/measured)
+  if(NOT measured MATCHES "^[0-9.eE+-]+$" OR measured LESS_EQUAL 0 OR NOT ratio MATCHES "^[0-9.eE+-]+$"
+     OR ratio LESS_EQUAL 0)
+    message(FATAL_ERROR "${model}: ${config} has measured ${measured} ms and model / measured ${ratio}")
+  endif()
+endforeach()
+message("${model}: 27 configurations validated against the run")
