@@ -7,7 +7,8 @@
 //
 // Each switch can be set on its own (`pipelined`, `planner`, `placement`), which overrides the
 // strategy's choice: the paper's Table IV ablation. Every combination computes the same
-// preconditioned gradients up to floating-point order.
+// preconditioned gradients up to floating-point order. `placement = channel` places for
+// broadcasts that share one channel, as they do at scale (placement.hpp).
 //
 // Ranges (Options::validate throws InvalidArgument naming the field and value): damping > 0,
 // factor_decay in [0, 1), factor_every >= 1, inverse_every >= 1, kl_clip >= 0 (0: no clipping),

@@ -242,6 +242,98 @@ std::vector<int> optimal_owner(const Costs& c, const std::vector<PlacementItem>&
   return makespan(c, ranks, found, nullptr) <= makespan(c, ranks, seed, nullptr) ? found : seed;
 }
 
+// Channel model. compute_r = sum of rank r's CT inverses + every NCT inverse; the channel sends the
+// CT broadcasts one after another, the first once the first CT inverse is done (the cheapest, at best).
+double channel_makespan(const Costs& c, int ranks, const std::vector<int>& owner, std::vector<double>* load) {
+  std::vector<double> compute(static_cast<std::size_t>(ranks), 0.0);
+  double nct = 0.0, channel = 0.0, first = -1.0;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    if (owner[i] < 0) {
+      nct += c.inv[i];
+      continue;
+    }
+    compute[static_cast<std::size_t>(owner[i])] += c.inv[i];
+    channel += c.bc[i];
+    first = first < 0 ? c.inv[i] : std::min(first, c.inv[i]);
+  }
+  for (double& x : compute) x += nct;
+  const double m = std::max(*std::max_element(compute.begin(), compute.end()), first < 0 ? 0.0 : first + channel);
+  if (load) *load = std::move(compute);
+  return m;
+}
+
+// Lower bound in the channel model, for any assignment with CT set C (x_i = 1 for i in C):
+//  - every item is inverted by someone before anything that needs it ends: T >= max_i inv_i;
+//  - the channel carries sum_{i in C} bc_i;
+//  - the fullest rank computes at least the mean, every NCT inverse plus 1/P of the CT ones:
+//    sum_i inv_i - (1 - 1/P) sum_{i in C} inv_i.
+// So T >= max(max_i inv_i, min over x in [0, 1]^N of max(sum x_i bc_i, sum inv_i - (1 - 1/P) sum x_i inv_i)),
+// the integral x relaxed to fractions. For a given t the second is feasible iff the most inverse
+// time that fits in a channel budget t, a fractional knapsack (items by inv_i / bc_i, decreasing),
+// reaches (sum inv - t) / (1 - 1/P); bisection on t finds the least feasible t.
+double channel_bound(const Costs& c, int ranks) {
+  double total = 0.0, largest = 0.0;
+  for (double x : c.inv) {
+    total += x;
+    largest = std::max(largest, x);
+  }
+  if (ranks == 1) return total;
+  std::vector<std::size_t> by_ratio(c.size());
+  std::iota(by_ratio.begin(), by_ratio.end(), std::size_t{0});
+  std::sort(by_ratio.begin(), by_ratio.end(),
+            [&](std::size_t a, std::size_t b) { return c.inv[a] * c.bc[b] > c.inv[b] * c.bc[a]; });
+  const double spread = 1.0 - 1.0 / ranks;
+  auto feasible = [&](double t) {
+    double budget = t, moved = 0.0;
+    for (std::size_t i : by_ratio) {
+      const double share = c.bc[i] <= budget ? 1.0 : budget / c.bc[i];
+      moved += share * c.inv[i];
+      budget -= share * c.bc[i];
+      if (share < 1.0) break;
+    }
+    return total - spread * moved <= t;
+  };
+  double lo = 0.0, hi = total;
+  for (int k = 0; k < 100 && hi - lo > 1e-12 * total; ++k) (feasible((lo + hi) / 2) ? hi : lo) = (lo + hi) / 2;
+  return std::max(largest, hi);
+}
+
+// Every CT factor (ct[i]) placed by largest inverse first on the rank that computes least so far.
+std::vector<int> ct_by_inverse(const Costs& c, const std::vector<bool>& ct, int ranks) {
+  std::vector<std::size_t> order(c.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return c.inv[a] > c.inv[b]; });
+  std::vector<int> owner(c.size(), -1);
+  std::vector<double> compute(static_cast<std::size_t>(ranks), 0.0);
+  for (std::size_t i : order) {
+    if (!ct[i]) continue;
+    const auto r = static_cast<std::size_t>(std::min_element(compute.begin(), compute.end()) - compute.begin());
+    owner[i] = static_cast<int>(r);
+    compute[r] += c.inv[i];
+  }
+  return owner;
+}
+
+std::vector<int> channel_owner(const Costs& c, const std::vector<PlacementItem>& items, int ranks) {
+  std::vector<int> best = lbp_owner(c, largest_first(items), ranks);
+  double best_time = channel_makespan(c, ranks, best, nullptr);
+  std::vector<std::size_t> by_saving(c.size());
+  std::iota(by_saving.begin(), by_saving.end(), std::size_t{0});
+  std::stable_sort(by_saving.begin(), by_saving.end(),
+                   [&](std::size_t a, std::size_t b) { return c.bc[a] * c.inv[b] > c.bc[b] * c.inv[a]; });
+  std::vector<bool> ct(c.size(), true);
+  for (std::size_t k = 0; k <= c.size(); ++k) {
+    if (k > 0) ct[by_saving[k - 1]] = false;
+    std::vector<int> owner = ct_by_inverse(c, ct, ranks);
+    const double t = channel_makespan(c, ranks, owner, nullptr);
+    if (t < best_time) {
+      best_time = t;
+      best = std::move(owner);
+    }
+  }
+  return best;
+}
+
 std::vector<int> owners(PlacementKind kind, const Costs& c, const std::vector<PlacementItem>& items, int ranks,
                         bool* exact) {
   *exact = false;
@@ -258,6 +350,8 @@ std::vector<int> owners(PlacementKind kind, const Costs& c, const std::vector<Pl
       return std::vector<int>(c.size(), -1);
     case PlacementKind::optimal:
       return optimal_owner(c, items, ranks, exact);
+    case PlacementKind::channel:
+      return channel_owner(c, items, ranks);
   }
   impl::throw_invalid(kPlace, "unknown placement kind " + std::to_string(static_cast<int>(kind)));
 }
@@ -282,7 +376,8 @@ struct KindName {
 constexpr KindName kKindNames[] = {{PlacementKind::lbp, "lbp"},
                                    {PlacementKind::sequential, "sequential"},
                                    {PlacementKind::replicated, "replicated"},
-                                   {PlacementKind::optimal, "optimal"}};
+                                   {PlacementKind::optimal, "optimal"},
+                                   {PlacementKind::channel, "channel"}};
 }  // namespace
 
 const char* to_string(PlacementKind kind) {
@@ -330,8 +425,9 @@ Placement place(const std::vector<PlacementItem>& items, const PlacementModels& 
   p.owner = owners(kind, c, items, ranks, &p.exact);
   p.inverse_s = c.inv;
   p.broadcast_s = c.bc;
-  p.modelled_time = makespan(c, ranks, p.owner, &p.load);
-  p.lower_bound = lower_bound(c, ranks);
+  const bool channel = kind == PlacementKind::channel;
+  p.modelled_time = channel ? channel_makespan(c, ranks, p.owner, &p.load) : makespan(c, ranks, p.owner, &p.load);
+  p.lower_bound = channel ? channel_bound(c, ranks) : lower_bound(c, ranks);
   return p;
 }
 
@@ -347,6 +443,20 @@ double placement_lower_bound(const std::vector<PlacementItem>& items, const Plac
   constexpr const char* func = "kdist::kfac::placement_lower_bound";
   check_ranks(func, ranks);
   return lower_bound(costs_of(func, items, models), ranks);
+}
+
+double channel_time(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks,
+                    const std::vector<int>& owner, std::vector<double>* load) {
+  constexpr const char* func = "kdist::kfac::channel_time";
+  check_ranks(func, ranks);
+  check_owner(func, items.size(), ranks, owner);
+  return channel_makespan(costs_of(func, items, models), ranks, owner, load);
+}
+
+double channel_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks) {
+  constexpr const char* func = "kdist::kfac::channel_lower_bound";
+  check_ranks(func, ranks);
+  return channel_bound(costs_of(func, items, models), ranks);
 }
 
 double lbp_bound_factor(int ranks) {

@@ -12,6 +12,14 @@
 //   optimal     minimum makespan (up to rounding) by branch and bound when N*P <= kOptimalMaxItemsTimesRanks and
 //               the search ends within kOptimalMaxNodes nodes (exact = true); otherwise the best plan
 //               found, never worse than lbp (exact = false).
+//   channel     for the broadcasts as they run: one after another on one channel (the Engine's ordered
+//               stream; every rank receives every CT inverse anyway). Channel model: rank r computes its
+//               CT and all NCT inverses, the channel sends every CT broadcast after the first CT inverse:
+//               T = max(max_r compute_r, min_CT inv + sum_CT bcast). Starting from every factor CT, factors
+//               turn NCT in decreasing bcast / inverse (most channel time saved per second every rank
+//               spends), CT factors placed largest inverse first on the least-computing rank; the best
+//               plan seen, never worse than lbp's in this model. Its modelled_time, load and lower_bound
+//               are the channel model's (channel_lower_bound).
 // P == 1: every factor is local (owner -1), load = sum of inverses, for every kind (exact for optimal).
 // Bounds: lower_bound <= optimum <= lbp <= lbp_bound_factor(P) * optimum, with factor P/2 + 1 (P >= 2).
 // Throws InvalidArgument naming the value on P < 1, dim < 1, element_bytes < 1, an owner outside
@@ -28,8 +36,8 @@
 namespace kdist {
 namespace kfac {
 
-enum class PlacementKind { lbp, sequential, replicated, optimal };
-/// "lbp", "sequential", "replicated", "optimal".
+enum class PlacementKind { lbp, sequential, replicated, optimal, channel };
+/// "lbp", "sequential", "replicated", "optimal", "channel".
 const char* to_string(PlacementKind kind);
 /// Parses to_string()'s spelling; returns false (and leaves *out) for anything else.
 bool parse_placement(const std::string& text, PlacementKind* out);
@@ -81,6 +89,12 @@ double placement_time(const std::vector<PlacementItem>& items, const PlacementMo
 /// max(max_i min(c_i, inv_i + (W - w_i)/P), W/P) <= the optimal makespan, with c_i = inv_i + bcast_i,
 /// w_i = min(P inv_i, c_i) and W = sum_i w_i (proof in placement.cpp).
 double placement_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks);
+/// The channel model's makespan of any assignment (see channel above); `load` receives each rank's compute.
+double channel_time(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks,
+                    const std::vector<int>& owner, std::vector<double>* load = nullptr);
+/// <= the channel model's optimum: max(max_i inv_i, LP relaxation of max(sum_CT bcast, sum_i inv_i - (1 - 1/P) sum_CT
+/// inv_i)) (derivation in placement.cpp).
+double channel_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks);
 /// c(P) with lbp makespan <= c(P) * optimum: 1 for P == 1, P/2 + 1 for P >= 2 (proof in placement.cpp).
 double lbp_bound_factor(int ranks);
 

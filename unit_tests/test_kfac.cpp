@@ -383,6 +383,11 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
   }
   {
     Options o = base_options();
+    o.placement = PlacementKind::channel;
+    variants.push_back({"channel placement", o});
+  }
+  {
+    Options o = base_options();
     o.placement = PlacementKind::optimal;
     o.inverse_method = InverseMethod::eigen;
     o.kl_clip = 1e-3;
