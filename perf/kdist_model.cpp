@@ -7,14 +7,17 @@
 //                       with --calibration, the file the run was given, and times the collectives
 //                       with --timing FILE when given (a calibration of the same setting taken
 //                       another way, e.g. kdist_calibrate --in-flight), else with --calibration.
-//   --part strategies   per P: D-KFAC, MPD-KFAC and SPD-KFAC iteration times, SPD / MPD, SPD / D-KFAC
+//   --part strategies   per P: D-KFAC, MPD-KFAC and SPD-KFAC iteration times, SPD-KFAC with the channel
+//                       placement (kfac::PlacementKind::channel), SPD / MPD, SPD / D-KFAC, channel / SPD
 //   --part ablation     per P: the paper's Table IV against D-KFAC (-Pipe-LBP): +Pipe-LBP (pipelined,
 //                       optimal fusion, replicated inverses), -Pipe+LBP, +Pipe+LBP (= spd)
 //   --part placement    per P: the inverse phase replayed under replicated (Non-Dist), sequential
 //                       (Seq-Dist) and lbp placement; the placement lower bound; sequential's and
 //                       LBP's makespan in the placement's own load model (owners in parallel,
 //                       broadcasts too: the paper's assumption) and LBP's ratio to the bound; the sum of LBP's
-//                       broadcasts (one channel sends them all); the replayed lbp phase / bound
+//                       broadcasts (one channel sends them all); the replayed lbp phase / bound; the channel
+//                       placement replayed, its own lower bound (kfac::channel_lower_bound), their ratio,
+//                       and channel / lbp, both replayed
 //   --part fusion       per P: factor communication left exposed by each planner (pipelined), the
 //                       unpipelined reduction, the lower bound, and the share optimal hides
 // The projections take a network (--network, exact layer shapes from perf/model/networks.hpp) and
@@ -212,8 +215,9 @@ void project(const Settings& s, kdist_bench::Table& table) {
     auto run = [&](kdist::kfac::Resolved sw) { return predict(times, models, scenario(s, P, sw)); };
     if (s.part == "strategies") {
       const double d = run(strategy(Strategy::dkfac)).phases.total, m = run(strategy(Strategy::mpdkfac)).phases.total,
-                   p = run(strategy(Strategy::spd)).phases.total;
-      table.row({P, listed, ms(d), ms(m), ms(p), p / m, p / d});
+                   p = run(strategy(Strategy::spd)).phases.total,
+                   c = run({true, kdist::comm::Planner::optimal, PlacementKind::channel}).phases.total;
+      table.row({P, listed, ms(d), ms(m), ms(p), ms(c), p / m, p / d, c / p});
     } else if (s.part == "ablation") {
       using kdist::comm::Planner;
       const double base = run(strategy(Strategy::dkfac)).phases.total;
@@ -225,16 +229,18 @@ void project(const Settings& s, kdist_bench::Table& table) {
       auto inverse_phase = [&](PlacementKind k) { return run({true, kdist::comm::Planner::optimal, k}).inverse_phase; };
       const Prediction lbp = run(strategy(Strategy::spd));
       const double r = inverse_phase(PlacementKind::replicated), q = inverse_phase(PlacementKind::sequential),
-                   l = inverse_phase(PlacementKind::lbp);
+                   l = inverse_phase(PlacementKind::lbp), ch = inverse_phase(PlacementKind::channel);
       int nct = 0;
       for (int o : lbp.placement.owner) nct += o < 0;
       double sent = 0;
       for (std::size_t f = 0; f < lbp.placement.owner.size(); ++f)
         if (lbp.placement.owner[f] >= 0) sent += lbp.placement.broadcast_s[f];
       const double seq_makespan = run(strategy(Strategy::mpdkfac)).placement.modelled_time;
+      const kdist::kfac::Placement cp = run({true, kdist::comm::Planner::optimal, PlacementKind::channel}).placement;
       table.row({P, listed, nct, ms(r), ms(q), ms(l), ms(lbp.placement.lower_bound), l / std::min(r, q),
                  ms(seq_makespan), ms(lbp.placement.modelled_time),
-                 lbp.placement.modelled_time / lbp.placement.lower_bound, ms(sent), l / lbp.placement.lower_bound});
+                 lbp.placement.modelled_time / lbp.placement.lower_bound, ms(sent), l / lbp.placement.lower_bound,
+                 ms(ch), ms(cp.lower_bound), ch / cp.lower_bound, ch / l});
     } else {
       std::vector<json> row{P, listed};
       double unpipelined = 0, optimal = 0, bound = 0;
@@ -258,16 +264,30 @@ std::vector<std::string> columns(const std::string& part) {
   if (part == "validate")
     return {"config",          "fwd_bwd_ms", "grad_comm_ms", "factors_ms",  "factor_comm_ms", "inverses_ms",
             "inverse_comm_ms", "precond_ms", "total_ms",     "measured_ms", "model/measured"};
-  if (part == "strategies") return {"ranks", "listed", "dkfac_ms", "mpdkfac_ms", "spd_ms", "spd/mpd", "spd/dkfac"};
+  if (part == "strategies")
+    return {"ranks",          "listed",  "dkfac_ms",  "mpdkfac_ms",     "spd_ms",
+            "spd_channel_ms", "spd/mpd", "spd/dkfac", "spd_channel/spd"};
   if (part == "ablation")
     return {"ranks",  "listed",     "dkfac_ms",  "pipe_only_ms", "lbp_only_ms",
             "spd_ms", "pipe/dkfac", "lbp/dkfac", "spd/dkfac"};
   if (part == "placement")
-    return {"ranks",          "listed",         "nct",
-            "replicated_ms",  "sequential_ms",  "lbp_ms",
-            "lower_bound_ms", "lbp/best_other", "seq_makespan_ms",
-            "makespan_ms",    "makespan/bound", "broadcasts_ms",
-            "lbp/bound"};
+    return {"ranks",
+            "listed",
+            "nct",
+            "replicated_ms",
+            "sequential_ms",
+            "lbp_ms",
+            "lower_bound_ms",
+            "lbp/best_other",
+            "seq_makespan_ms",
+            "makespan_ms",
+            "makespan/bound",
+            "broadcasts_ms",
+            "lbp/bound",
+            "channel_ms",
+            "channel_bound_ms",
+            "channel/channel_bound",
+            "channel/lbp"};
   return {"ranks",      "listed",         "none_ms",  "threshold_ms",  "mgwfbp_ms",
           "optimal_ms", "unpipelined_ms", "bound_ms", "hidden_optimal"};
 }
