@@ -5,7 +5,8 @@ namespace adasum {
 namespace impl {
 
 void check_bounds(const char* func, const std::vector<std::size_t>& bounds, std::size_t n) {
-  if (bounds.size() < 2 || bounds.front() != 0 || bounds.back() != n)
+  // {0}: an empty buffer of no tensors.
+  if (bounds.empty() || bounds.front() != 0 || bounds.back() != n)
     kdist::impl::throw_invalid(func, "tensor bounds must run from 0 to the buffer size " + std::to_string(n) +
                                          " (got " + std::to_string(bounds.size()) + " offsets ending at " +
                                          std::to_string(bounds.empty() ? 0 : bounds.back()) + ")");
