@@ -9,6 +9,14 @@
 // more per level when halves are uneven), plus n twice for a folded pair, in at most 2k + 2
 // exchanges, and makes k small reductions (AdasumCounters reports both).
 //
+// Recursive doubling (Algorithm::doubling, flat only): after the fold, at distance d = 1, 2, 4 ...
+// partner v XOR d; both send their whole vector and non-finite markers, both form the partials of
+// (lower's, upper's) over the whole vector and apply them. Every rank of a 2d-block then holds the
+// same bits: the two halves of the block held identical vectors (induction), so every pair
+// computes the same pair operation on the same inputs. Per rank L n elements in L exchanges (plus
+// the fold), no partials round; the partials are summed in one pass per tensor instead of per
+// piece and then across holders, so the two algorithms agree to rounding, not bit for bit.
+//
 // Hierarchical mode (node size s): average inside each node by reduce-scatter (the buffer is
 // padded to a multiple of s), run the algorithm above across nodes on each slice, with a
 // tensor's partials summed over every rank holding a piece of it (the node's other slices
@@ -174,8 +182,8 @@ void scan_nonfinite(State<T>& st, int my_rank) {
 template <class T>
 class Builder {
  public:
-  Builder(comm::Engine& engine, std::shared_ptr<State<T>> st, const Topology* hier)
-      : st_(std::move(st)), s_(*st_), hier_(hier), me_(engine.rank()) {
+  Builder(comm::Engine& engine, std::shared_ptr<State<T>> st, const Topology* hier, bool doubling)
+      : st_(std::move(st)), s_(*st_), hier_(hier), me_(engine.rank()), doubling_(doubling && !hier) {
     k_ = hier ? hier->node().size() : 1;
     N_ = hier ? hier->cross().size() : engine.size();
     c_ = hier ? hier->cross().rank() : me_;
@@ -202,11 +210,15 @@ class Builder {
       fold_away();
     } else {
       v_ = folds_in_ ? c_ / 2 : c_ - q_;
-      // Scratch: the whole slice for the fold, half of it for the halving steps.
-      s_.tmp_buf = ScratchPool<T>::get(folds_in_ ? s_.m : (s_.m + 1) / 2);
+      // Scratch: the whole slice for the fold and for doubling, half of it for the halving steps.
+      s_.tmp_buf = ScratchPool<T>::get(folds_in_ || doubling_ ? s_.m : (s_.m + 1) / 2);
       if (folds_in_) fold_in();
-      for (int l = 0; l < L_; ++l) halving_level(l);
-      for (int l = L_ - 1; l >= 0; --l) gather_level(l);
+      if (doubling_) {
+        for (int l = 0; l < L_; ++l) doubling_level(l);
+      } else {
+        for (int l = 0; l < L_; ++l) halving_level(l);
+        for (int l = L_ - 1; l >= 0; --l) gather_level(l);
+      }
       if (folds_in_) unfold();
     }
     node_gather();
@@ -272,9 +284,7 @@ class Builder {
 
   // One step handing the whole slice and its non-finite markers to `peer`.
   void send_slice(int peer, int tag, int tag_bad) {
-    sched_.step()
-        .send(peer, Buffer::host(s_.S, s_.m), tag)
-        .send(peer, Buffer::host(s_.bad(), s_.tensors), tag_bad);
+    sched_.step().send(peer, Buffer::host(s_.S, s_.m), tag).send(peer, Buffer::host(s_.bad(), s_.tensors), tag_bad);
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
     s_.planned.vector_exchanges += 1;
   }
@@ -342,6 +352,39 @@ class Builder {
     hi_ = keep_hi;
   }
 
+  // Level l of whole-vector recursive doubling: exchange vectors and non-finite markers with
+  // partner v XOR 2^l, then both apply the pair operator with the lower virtual rank's vector as a.
+  void doubling_level(int l) {
+    const int d = 1 << l;
+    const int partner = real(v_ ^ d);
+    const bool lower = (v_ & d) == 0;
+    const bool mine_raw = raw_ && l == 0 && v_ >= q_, theirs_raw = raw_ && l == 0 && (v_ ^ d) >= q_;
+    const bool raw_here = mine_raw || theirs_raw;
+    const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
+    const int tensors = static_cast<int>(s_.tensors);
+    sched_.step()
+        .send(partner, Buffer::host(s_.S, s_.m), kTagHalve + l)
+        .send(partner, Buffer::host(s_.bad(), s_.tensors), kTagGather + l)
+        .recv(partner, Buffer::host(s_.tmp(), s_.m), kTagHalve + l)
+        .recv(partner, Buffer::host(s_.other.data(), s_.tensors), kTagGather + l)
+        .then([st = st_, lower, raw_here, mine_from, theirs_from, tensors] {
+          Phase phase("kdist::adasum::pair");
+          for (int t = 0; t < tensors; ++t)
+            st->bad()[t] = std::min(st->bad()[t], st->other[static_cast<std::size_t>(t)]);
+          T* mine = st->S;
+          const T* theirs = st->tmp();
+          const T* a = lower ? mine : theirs;
+          const T* b = lower ? theirs : mine;
+          partials(Host(), a, b, st->g0, st->m, st->bounds, st->part.data(), raw_here ? &st->bad_a : nullptr,
+                   raw_here ? &st->bad_b : nullptr);
+          if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+          apply(Host(), mine, a, b, st->g0, st->m, st->bounds, st->part.data());
+        });
+    s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
+    s_.planned.vector_exchanges += 1;
+    s_.planned.partial_bytes_sent += static_cast<long long>(s_.tensors) * 8;
+  }
+
   // Recursive doubling over the 2^(l+1) virtual ranks holding pieces of a and b, in a fixed
   // order, so every holder gets bit-identical sums.
   void sum_partials_over_holders(int l) {
@@ -388,7 +431,7 @@ class Builder {
   const Topology* hier_;
   comm::Schedule sched_{"adasum"};
   int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
-  bool raw_ = true, folds_in_ = false;
+  bool doubling_ = false, raw_ = true, folds_in_ = false;
   std::size_t lo_ = 0, hi_ = 0;
   std::vector<std::pair<std::size_t, std::size_t>> slices_;  // slice before each level
 };
@@ -398,8 +441,10 @@ class Builder {
 namespace impl {
 
 template <class T>
-comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Topology* hier,
-                             AdasumCounters* counters, std::function<void()> on_success) {
+comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Options& options,
+                             std::function<void()> on_success) {
+  const Topology* hier = options.hierarchy;
+  AdasumCounters* counters = options.counters;
   check_bounds("kdist::adasum::allreduce", layout.bounds, n);
   if (hier && hier->engine() != &engine)
     kdist::impl::throw_invalid("kdist::adasum::allreduce", "the Topology was built from another Engine");
@@ -415,21 +460,44 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   s.part.assign(s.msg(), 0.0);
   s.other.assign(s.msg(), 0.0);
   for (std::size_t t = 0; t < s.tensors; ++t) s.bad()[t] = kNoRank;
-  Builder<T> builder(engine, st, hier);
+  const bool doubling = !hier && (options.algorithm == Algorithm::doubling ||
+                                  (options.algorithm == Algorithm::automatic && n * sizeof(T) < options.small_bytes));
+  Builder<T> builder(engine, st, hier, doubling);
   comm::Schedule sched = builder.build();
   comm::OpDescription what;
   what.dtype = dtype_of<T>();
   what.count = static_cast<long long>(n);
-  what.label = "adasum";
+  what.label = doubling ? "adasum/doubling" : "adasum";
   what.layout = std::move(layout);
   return engine.submit(std::move(sched), std::move(what));
 }
 
-template comm::Request allreduce_host<float>(comm::Engine&, float*, std::size_t, comm::Layout, const Topology*,
-                                             AdasumCounters*, std::function<void()>);
-template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_t, comm::Layout, const Topology*,
-                                              AdasumCounters*, std::function<void()>);
+template comm::Request allreduce_host<float>(comm::Engine&, float*, std::size_t, comm::Layout, const Options&,
+                                             std::function<void()>);
+template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_t, comm::Layout, const Options&,
+                                              std::function<void()>);
 
 }  // namespace impl
+
+const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::automatic:
+      return "automatic";
+    case Algorithm::vhdd:
+      return "vhdd";
+    case Algorithm::doubling:
+      return "doubling";
+  }
+  return "unknown";
+}
+
+std::size_t small_bytes_from(const CostModelStore& store, DType dtype, int ranks) {
+  const CostKey vhdd{CostOp::adasum, dtype, ranks, "world"}, doubling{CostOp::adasum, dtype, ranks, "world/doubling"};
+  if (!store.has(vhdd) || !store.has(doubling)) return kDefaultSmallBytes;
+  const CostModel v = store.get(vhdd), d = store.get(doubling);
+  for (double x : v.x())
+    if (v.time(x) <= d.time(x)) return static_cast<std::size_t>(x);
+  return v.x().empty() ? kDefaultSmallBytes : static_cast<std::size_t>(v.x().back()) * 2;
+}
 }  // namespace adasum
 }  // namespace kdist

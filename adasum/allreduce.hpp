@@ -8,6 +8,14 @@
 // P a power of two this is Horovod's tree. How it is computed, what it sends and its numerical
 // range are in allreduce.cpp; AdasumCounters reports the traffic.
 //
+// Two algorithms compute that tree (Options::algorithm): VHDD, vector halving and distance
+// doubling (bandwidth-optimal: about 2 n per rank in 2 log2 P exchanges plus a partials round per
+// level), and whole-vector recursive doubling (latency-optimal: log2 P exchanges of the whole
+// vector, both partners applying the pair operator to the same two vectors). `automatic` takes
+// doubling for flat calls below Options::small_bytes, the way MPI libraries switch algorithms by
+// message size; small_bytes_from() reads the crossover kdist_calibrate measured. The two agree to
+// rounding (their partial sums run in different orders); each is bit-identical on every rank, and
+// every rank must choose the same one (the choice is part of the Engine's signature check).
 // The view may live in any memory space: it is staged through host memory and the result copied
 // back on `exec` when the request completes, so the call never blocks. All ranks must pass the
 // same tensor layout (bounds and labels are part of the Engine's signature check).
@@ -17,6 +25,7 @@
 
 #include <kdist/adasum/operator.hpp>
 #include <kdist/comm/engine.hpp>
+#include <kdist/core/cost_model.hpp>
 #include <kdist/core/views.hpp>
 
 #include <functional>
@@ -59,21 +68,43 @@ class Topology {
   std::vector<int> node_peers_, cross_peers_;
 };
 
+enum class Algorithm { automatic, vhdd, doubling };
+/// "automatic", "vhdd", "doubling".
+const char* to_string(Algorithm a);
+
+/// Bytes below which `automatic` takes recursive doubling when nothing was calibrated: at 2 ranks
+/// doubling was faster up to 16 KiB on the emulated 4 Gbit/s link and VHDD from 16 KiB on shared
+/// memory (README, "Adasum all-reduce"); beyond 2 ranks doubling sends log2 P times n, VHDD 2 n.
+constexpr std::size_t kDefaultSmallBytes = 16u << 10;
+
+struct Options {
+  Algorithm algorithm = Algorithm::automatic;
+  std::size_t small_bytes = kDefaultSmallBytes;  ///< automatic: doubling below this many bytes (flat only)
+  const Topology* hierarchy = nullptr;           ///< nullptr: flat; hierarchical calls always run VHDD
+  AdasumCounters* counters = nullptr;
+};
+
+/// The crossover kdist_calibrate stored (CostKey{adasum, dtype, ranks, "world"} for VHDD and
+/// "world/doubling" for doubling): the least measured size at which VHDD is no slower (doubling
+/// below it); twice the largest measured size when doubling is faster at every one;
+/// kDefaultSmallBytes when either model is missing.
+std::size_t small_bytes_from(const CostModelStore& store, DType dtype, int ranks);
+
 namespace impl {
 /// The algorithm on host memory that stays valid until the request completes; `on_success`
 /// runs as its last local work.
 template <class T>
-comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout,
-                             const Topology* hierarchy, AdasumCounters* counters, std::function<void()> on_success);
+comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Options& options,
+                             std::function<void()> on_success);
 }  // namespace impl
 
-/// In place on a rank-1 contiguous view with tensor boundaries `bounds` (offsets 0 ... n) and
-/// optional labels for messages. `hierarchy` (nullptr: flat) and `counters` must outlive the
+/// In place on a rank-1 contiguous view with tensor boundaries `bounds` (offsets 0 ... n; {0} for
+/// an empty buffer of no tensors, which completes having done nothing but the Engine's check) and
+/// optional labels for messages. `options.hierarchy` and `options.counters` must outlive the
 /// request; so must `v`.
 template <class ExecSpace, class V>
 comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v, std::vector<std::size_t> bounds,
-                        std::vector<std::string> labels = {}, const Topology* hierarchy = nullptr,
-                        AdasumCounters* counters = nullptr) {
+                        std::vector<std::string> labels, const Options& options) {
   static_assert(Kokkos::is_view<V>::value && compat::view_rank<V>() == 1, "kdist::adasum::allreduce: rank-1 view");
   using T = typename V::non_const_value_type;
   kdist::impl::require_contiguous("kdist::adasum::allreduce", v);
@@ -83,7 +114,18 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
   std::function<void()> copy_back;
   if (h.data() != v.data()) copy_back = [h, v, exec] { Kokkos::deep_copy(exec, v, h); };
   return impl::allreduce_host<T>(engine, h.data(), h.extent(0), comm::Layout{std::move(bounds), std::move(labels)},
-                                 hierarchy, counters, std::move(copy_back));
+                                 options, std::move(copy_back));
+}
+
+/// The same with the algorithm chosen automatically (flat calls below kDefaultSmallBytes by doubling).
+template <class ExecSpace, class V>
+comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v, std::vector<std::size_t> bounds,
+                        std::vector<std::string> labels = {}, const Topology* hierarchy = nullptr,
+                        AdasumCounters* counters = nullptr) {
+  Options o;
+  o.hierarchy = hierarchy;
+  o.counters = counters;
+  return allreduce(exec, engine, v, std::move(bounds), std::move(labels), o);
 }
 
 }  // namespace adasum

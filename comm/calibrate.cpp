@@ -48,18 +48,22 @@ CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o
 }
 }  // namespace
 
-CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const CalibrationOptions& options) {
-  constexpr const char* func = "kdist::comm::calibrate_collective";
-  if (op != CostOp::allreduce && op != CostOp::broadcast)
-    kdist::impl::throw_invalid(func, std::string("cannot calibrate ") + to_string(op));
-  if (dtype != DType::float32 && dtype != DType::float64)
-    kdist::impl::throw_invalid(func, std::string("cannot calibrate dtype ") + to_string(dtype));
+void check_options(const char* func, const CalibrationOptions& options) {
   if (options.repeats < 1 || options.warmup < 0 || options.in_flight < 1 || options.min_bytes > options.max_bytes)
     kdist::impl::throw_invalid(
         func, "needs repeats >= 1, warmup >= 0, in_flight >= 1 and min_bytes <= max_bytes, got repeats " +
                   std::to_string(options.repeats) + ", warmup " + std::to_string(options.warmup) + ", in_flight " +
                   std::to_string(options.in_flight) + ", bytes " + std::to_string(options.min_bytes) + ".." +
                   std::to_string(options.max_bytes));
+}
+
+CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const CalibrationOptions& options) {
+  constexpr const char* func = "kdist::comm::calibrate_collective";
+  if (op != CostOp::allreduce && op != CostOp::broadcast)
+    kdist::impl::throw_invalid(func, std::string("cannot calibrate ") + to_string(op));
+  if (dtype != DType::float32 && dtype != DType::float64)
+    kdist::impl::throw_invalid(func, std::string("cannot calibrate dtype ") + to_string(dtype));
+  check_options(func, options);
   return dtype == DType::float32 ? calibrate_typed<float>(engine, op, options)
                                  : calibrate_typed<double>(engine, op, options);
 }

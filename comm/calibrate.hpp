@@ -26,6 +26,10 @@ struct CalibrationOptions {
   int in_flight = 1;  ///< operations posted together per timed run (their mean is recorded)
 };
 
+/// Throws InvalidArgument naming `func` unless repeats >= 1, warmup >= 0, in_flight >= 1 and
+/// min_bytes <= max_bytes.
+void check_options(const char* func, const CalibrationOptions& options);
+
 /// Measures `op` (CostOp::allreduce or CostOp::broadcast) on float32 or float64 views.
 /// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0, in_flight < 1 or
 /// min_bytes > max_bytes (the same on every rank, before any communication). Collective.

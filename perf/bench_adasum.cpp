@@ -1,5 +1,7 @@
 // Adasum all-reduce against MPI_Allreduce(SUM) on the same buffers (float32), as one tensor and
-// as 64 fused tensors; medians of >= 5 repeats of the maximum over ranks.
+// as 64 fused tensors; medians of >= 5 repeats of the maximum over ranks. Both algorithms are
+// timed (vhdd_s, doubling_s); adasum_s is what a caller gets by default (Algorithm::automatic,
+// doubling below --small-bytes) and the last column is its ratio to the sum.
 //   mpiexec -n 2 bench_adasum [--reps N] [--json FILE]
 //   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
 #include <CLI/CLI.hpp>
@@ -40,18 +42,27 @@ int main(int argc, char** argv) {
     CLI::App app{"kdist Adasum all-reduce vs MPI_Allreduce(SUM)"};
     std::string part = "time", json;
     int reps = 5;
+    std::size_t small_bytes = kdist::adasum::kDefaultSmallBytes;
+    app.add_option("--small-bytes", small_bytes, "automatic: recursive doubling below this many bytes")
+        ->capture_default_str();
+    std::size_t max_bytes = 64u << 20;
+    app.add_option("--max-bytes", max_bytes, "largest buffer")->capture_default_str();
+    bool no_check = false;
+    app.add_flag("--no-check", no_check, "run the engine without its consistency check (EngineOptions)");
     app.add_option("--part", part, "time | traffic")->check(CLI::IsMember({"time", "traffic"}));
     app.add_option("--reps", reps, "timed repeats (median reported)");
     app.add_option("--json", json, "write the rows to this JSON file");
     try {
       app.parse(argc, argv);
       kdist::comm::Communicator world(MPI_COMM_WORLD);
-      kdist::comm::Engine engine(world);
+      kdist::comm::EngineOptions engine_options;
+      engine_options.check_consistency = !no_check;
+      kdist::comm::Engine engine(world, engine_options);
       const int me = world.rank(), P = world.size();
       std::unique_ptr<kdist_bench::Table> table;
       if (part == "time")
-        table.reset(new kdist_bench::Table(
-            "bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "adasum_s", "adasum/MPI_Allreduce"}));
+        table.reset(new kdist_bench::Table("bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "vhdd_s",
+                                                                 "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
       else
         table.reset(new kdist_bench::Table(
             "bench_adasum.traffic", {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound", "vector_exchanges",
@@ -59,14 +70,15 @@ int main(int argc, char** argv) {
       table->set_print(me == 0);
       table->context("ranks", P);
       table->context("dtype", "float32");
-      table->context("consistency_check", "on");
+      table->context("consistency_check", no_check ? "off" : "on");
+      table->context("small_bytes", static_cast<long long>(small_bytes));
       if (me == 0) {
         std::printf("# %s, %d ranks, float32%s\n", part.c_str(), P,
                     part == "time" ? ", medians of max over ranks" : "");
         table->print_header();
       }
       if (part == "time") {
-        for (std::size_t bytes = 1024; bytes <= (64u << 20); bytes *= 4) {
+        for (std::size_t bytes = 256; bytes <= max_bytes; bytes *= 4) {
           const std::size_t n = bytes / sizeof(float);
           std::vector<float> a(n), b(n);
           Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> bv(b.data(), n);
@@ -77,9 +89,17 @@ int main(int argc, char** argv) {
             const double t_mpi = time_median(reps, [&] {
               MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             });
-            const double t_ada =
-                time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds).wait(); });
-            table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), t_mpi, t_ada, t_ada / t_mpi});
+            auto t_adasum = [&](kdist::adasum::Algorithm a) {
+              kdist::adasum::Options o;
+              o.algorithm = a;
+              o.small_bytes = small_bytes;
+              return time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); });
+            };
+            const double t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
+                         t_doubling = t_adasum(kdist::adasum::Algorithm::doubling),
+                         t_ada = t_adasum(kdist::adasum::Algorithm::automatic);
+            table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), t_mpi, t_vhdd, t_doubling,
+                        t_ada, t_ada / t_mpi});
           }
         }
       } else {
@@ -95,7 +115,10 @@ int main(int argc, char** argv) {
           fill(a, me);
           Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> av(a.data(), n);
           kdist::adasum::AdasumCounters c;
-          kdist::adasum::allreduce(Host(), engine, av, even_bounds(n, 64), {}, nullptr, &c).wait();
+          kdist::adasum::Options o;
+          o.algorithm = kdist::adasum::Algorithm::vhdd;  // the bound is VHDD's
+          o.counters = &c;
+          kdist::adasum::allreduce(Host(), engine, av, even_bounds(n, 64), {}, o).wait();
           const double bound =
               (2.0 * (Pp - 1) / Pp * static_cast<double>(n) + (me < 2 * q ? static_cast<double>(n) : 0.0)) * 4;
           const long long mine[] = {c.vector_bytes_sent, c.vector_exchanges, c.partial_reductions,

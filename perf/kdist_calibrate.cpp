@@ -1,9 +1,14 @@
 // Writes the cost-model calibration file the planners and placement read:
-//   mpiexec -n P kdist_calibrate --out costs.json [--max-bytes N] [--reps R] [--inverse-max-d D]
+//   mpiexec -n P kdist_calibrate --out costs.json [--max-bytes N] [--reps R] [--in-flight K]
+//                                [--inverse-max-d D] [--adasum-max-bytes N]
+// The Adasum entries (both algorithms, for Algorithm::automatic's crossover: small_bytes_from)
+// are measured at P >= 2 up to --adasum-max-bytes (0: skipped).
 // Rank 0 reads an existing file (merged into) and writes the result. Whether it can is checked
 // before measuring, and any failure of rank 0's is shared through the engine, so every rank
 // exits non-zero with the same message instead of measuring in vain or waiting forever.
 #include <CLI/CLI.hpp>
+#include <kdist/adasum/allreduce.hpp>
+#include <kdist/adasum/calibrate.hpp>
 #include <kdist/comm/calibrate.hpp>
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/core/inverse_calibration.hpp>
@@ -62,6 +67,7 @@ int main(int argc, char** argv) {
     kdist::comm::CalibrationOptions opt;
     int inverse_max_d = 8192;
     double budget = 60.0;
+    std::size_t adasum_max_bytes = 1u << 20;
     app.add_option("--out", out, "calibration file to write (merged with an existing one)");
     app.add_option("--max-bytes", opt.max_bytes, "largest message (bytes)");
     app.add_option("--reps", opt.repeats, "timed repeats per size (median of max over ranks)");
@@ -70,6 +76,7 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     app.add_option("--inverse-max-d", inverse_max_d, "largest SPD inverse dimension (0: skip)");
     app.add_option("--inverse-budget", budget, "seconds the inverse calibration may take");
+    app.add_option("--adasum-max-bytes", adasum_max_bytes, "largest Adasum message (0: skip the Adasum entries)");
     try {
       app.parse(argc, argv);
       kdist::comm::Communicator world(MPI_COMM_WORLD);
@@ -87,6 +94,17 @@ int main(int argc, char** argv) {
           const auto m = kdist::comm::calibrate_collective(engine, op, dt, opt);
           store.set({op, dt, world.size(), world.kind()}, m);
           print_collective(world, op, dt, m);
+        }
+      if (adasum_max_bytes > 0 && world.size() > 1)
+        for (auto dt : {kdist::DType::float32, kdist::DType::float64}) {
+          kdist::comm::CalibrationOptions a = opt;
+          a.max_bytes = adasum_max_bytes;
+          const auto models = kdist::adasum::calibrate(engine, dt, a);
+          store.set({kdist::CostOp::adasum, dt, world.size(), "world"}, models.first);
+          store.set({kdist::CostOp::adasum, dt, world.size(), "world/doubling"}, models.second);
+          if (world.rank() == 0)
+            std::printf("adasum     %-8s ranks %d: recursive doubling below %zu bytes, VHDD from there\n",
+                        kdist::to_string(dt), world.size(), kdist::adasum::small_bytes_from(store, dt, world.size()));
         }
       if (inverse_max_d > 0) {
         const auto m = kdist::calibrate_inverse(inverse_max_d, budget);

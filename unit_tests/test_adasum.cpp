@@ -3,6 +3,7 @@
 // serial references are built on the host.
 #include <catch2/catch.hpp>
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/adasum/calibrate.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -164,7 +165,8 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
 // ---- the distributed all-reduce ----------------------------------------------------------------
 
 template <class T>
-void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int node_size = 0) {
+void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int node_size = 0,
+                       adasum::Algorithm algorithm = adasum::Algorithm::vhdd) {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
   std::unique_ptr<adasum::Topology> topo_owner(node_size ? new adasum::Topology(eng, node_size) : nullptr);
@@ -176,7 +178,11 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
   for (int r = 0; r < P; ++r) all.push_back(input<T>(r, n, seed));
   auto v = view_of<T>(all[static_cast<std::size_t>(me)]);
   adasum::AdasumCounters cnt;
-  adasum::allreduce(TestExec(), eng, v, bounds, {}, topo, &cnt).wait();
+  adasum::Options options;
+  options.algorithm = algorithm;
+  options.hierarchy = topo;
+  options.counters = &cnt;
+  adasum::allreduce(TestExec(), eng, v, bounds, {}, options).wait();
 
   Vec ref;
   if (topo) {  // Adasum over node averages
@@ -192,7 +198,8 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
   } else {
     ref = kdist_test::adasum_tree(all, bounds);
   }
-  INFO("P " << P << " n " << n << " tensors " << sizes.size() << (topo ? " hierarchical" : " flat"));
+  INFO("P " << P << " n " << n << " tensors " << sizes.size() << (topo ? " hierarchical" : " flat") << ", "
+            << adasum::to_string(algorithm));
   CHECK(kdist_test::rel_l2(vec_of(v), ref) <= 100 * std::numeric_limits<T>::epsilon());
 
   // Bit-identical on every rank (compared through host copies: MPI reads host memory here).
@@ -205,7 +212,19 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
     identical = identical && std::memcmp(everyone.data() + r * n, mine.data(), n * sizeof(T)) == 0;
   CHECK(identical);
 
-  if (!topo) {
+  const bool doubling = !topo && algorithm == adasum::Algorithm::doubling;
+  if (doubling) {
+    // Whole vectors: log2 P' exchanges of n (the fold's n more on either side of a pair), no partials round.
+    int L = 0;
+    while ((2 << L) <= P) ++L;
+    const int q = P - (1 << L);
+    const bool folded_away = me < 2 * q && me % 2 == 1, folds_in = me < 2 * q && me % 2 == 0;
+    const long long elements = folded_away ? static_cast<long long>(n) : (L + folds_in) * static_cast<long long>(n);
+    CHECK(cnt.vector_bytes_sent == elements * static_cast<long long>(sizeof(T)));
+    CHECK(cnt.vector_exchanges == (folded_away ? 2 : L + 2 * folds_in));  // a fold is two steps
+    CHECK(cnt.partial_reductions == 0);
+  }
+  if (!topo && !doubling) {
     // Traffic bounds of VHDD (an all-gather followed by a local tree would send (P-1) n).
     int Pp = 1, L = 0;
     while (Pp * 2 <= P) {
@@ -225,10 +244,66 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
 
 TEMPLATE_TEST_CASE("Adasum all-reduce equals the documented tree, bit-identical on every rank", "[adasum][mpi]", float,
                    double) {
-  check_distributed<TestType>({1000}, 1);
-  check_distributed<TestType>({5, 0, 1, 777, 3, 64}, 2);
-  check_distributed<TestType>({1}, 3);
-  check_distributed<TestType>({3, 2}, 4);  // fewer elements than ranks at 5-8
+  for (adasum::Algorithm a : {adasum::Algorithm::vhdd, adasum::Algorithm::doubling}) {
+    check_distributed<TestType>({1000}, 1, 0, a);
+    check_distributed<TestType>({5, 0, 1, 777, 3, 64}, 2, 0, a);
+    check_distributed<TestType>({1}, 3, 0, a);
+    check_distributed<TestType>({3, 2}, 4, 0, a);  // fewer elements than ranks at 5-8
+  }
+}
+
+TEST_CASE("Adasum: automatic takes doubling below small_bytes, the two agree to rounding, the choice is checked",
+          "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const std::vector<std::size_t> b{0, 100, 300};
+  const Vec x = input<double>(me, 300, 21);
+  auto run = [&](adasum::Options o) {
+    adasum::AdasumCounters c;
+    o.counters = &c;
+    auto v = view_of<double>(x);
+    adasum::allreduce(TestExec(), eng, v, b, {}, o).wait();
+    return std::make_pair(vec_of(v), c);
+  };
+  adasum::Options vhdd, doubling, automatic;
+  vhdd.algorithm = adasum::Algorithm::vhdd;
+  doubling.algorithm = adasum::Algorithm::doubling;
+  const auto rv = run(vhdd), rd = run(doubling), ra = run(automatic);  // 2400 B < kDefaultSmallBytes
+  CHECK(kdist_test::rel_l2(rv.first, rd.first) < 1e-13);
+  CHECK(ra.first == rd.first);
+  CHECK(ra.second.partial_reductions == 0);
+  automatic.small_bytes = 2400;  // not below: VHDD
+  const auto rb = run(automatic);
+  CHECK(rb.first == rv.first);
+  CHECK(rb.second.partial_reductions == rv.second.partial_reductions);
+  if (P > 1) {
+    // Ranks that choose differently get an error on every rank from the Engine's check, no hang.
+    adasum::Options mixed;
+    mixed.algorithm = me == P - 1 ? adasum::Algorithm::vhdd : adasum::Algorithm::doubling;
+    auto v = view_of<double>(x);
+    CHECK_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, b, {}, mixed).wait(), Catch::Contains("adasum"));
+  }
+}
+
+TEST_CASE("Adasum: an empty buffer of no tensors (bounds {0}) does nothing, on either algorithm", "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  for (adasum::Algorithm a : {adasum::Algorithm::vhdd, adasum::Algorithm::doubling}) {
+    TestVector<float> empty("empty", 0);
+    adasum::Options o;
+    o.algorithm = a;
+    adasum::AdasumCounters c;
+    o.counters = &c;
+    adasum::allreduce(TestExec(), eng, empty, {0}, {}, o).wait();
+    CHECK(c.vector_bytes_sent == 0);
+    TestVector<float> e2("e2", 0);
+    adasum::combine(TestExec(), empty, e2, {0});
+  }
+  // The engine is still usable afterwards.
+  auto v = view_from<double>("v", 4, [](std::size_t i) { return 1.0 + static_cast<double>(i); });
+  adasum::allreduce(TestExec(), eng, v, {0, 4}).wait();
+  CHECK(vec_of(v)[3] == Approx(4.0));
 }
 
 TEST_CASE("Adasum of orthogonal inputs is their sum; of parallel inputs, their mean", "[adasum][mpi]") {
@@ -308,8 +383,50 @@ TEST_CASE("NaN or Inf on one rank: every rank throws naming the tensor and the r
     auto v = view_from<double>("v", 30, [me, culprit](std::size_t i) {
       return me == culprit && i == 29 ? std::numeric_limits<double>::quiet_NaN() : 2.0 + me;
     });
-    INFO("culprit " << culprit);
-    REQUIRE_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, {0, 10, 20, 30}, {"a", "b", "c"}).wait(),
-                        Catch::Contains("in 'c' (10 elements) on rank " + std::to_string(culprit) + ";"));
+    for (adasum::Algorithm a : {adasum::Algorithm::vhdd, adasum::Algorithm::doubling}) {
+      INFO("culprit " << culprit << ", " << adasum::to_string(a));
+      adasum::Options o;
+      o.algorithm = a;
+      auto w = view_from<double>("w", 30, [&v](std::size_t) { return 0.0; });
+      Kokkos::deep_copy(w, v);
+      REQUIRE_THROWS_WITH(adasum::allreduce(TestExec(), eng, w, {0, 10, 20, 30}, {"a", "b", "c"}, o).wait(),
+                          Catch::Contains("in 'c' (10 elements) on rank " + std::to_string(culprit) + ";"));
+    }
   }
+}
+
+TEST_CASE("Adasum: the calibrated crossover between doubling and VHDD", "[adasum][mpi]") {
+  using kdist::CostKey;
+  using kdist::CostModel;
+  using kdist::CostOp;
+  using kdist::DType;
+  kdist::CostModelStore store;
+  CHECK(adasum::small_bytes_from(store, DType::float32, 4) == adasum::kDefaultSmallBytes);
+  const CostKey vhdd{CostOp::adasum, DType::float32, 4, "world"},
+      doubling{CostOp::adasum, DType::float32, 4, "world/doubling"};
+  store.set(vhdd, CostModel::from_measurements({1024, 4096, 16384, 65536}, {4e-5, 4.1e-5, 4.4e-5, 9e-5}));
+  CHECK(adasum::small_bytes_from(store, DType::float32, 4) == adasum::kDefaultSmallBytes);  // one of two
+  store.set(doubling, CostModel::from_measurements({1024, 4096, 16384, 65536}, {2e-5, 3e-5, 4.4e-5, 2e-4}));
+  CHECK(adasum::small_bytes_from(store, DType::float32, 4) == 16384);  // VHDD no slower from 16 KiB
+  store.set(doubling, CostModel::from_measurements({1024, 4096, 16384, 65536}, {1e-5, 1e-5, 1e-5, 1e-5}));
+  CHECK(adasum::small_bytes_from(store, DType::float32, 4) == 2 * 65536);  // doubling faster everywhere
+  CHECK(adasum::small_bytes_from(store, DType::float64, 4) == adasum::kDefaultSmallBytes);
+
+  // Measured here through the engine: both models over the same sizes, every time positive.
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  kdist::comm::CalibrationOptions o;
+  o.min_bytes = 64;
+  o.max_bytes = 1024;
+  o.warmup = 1;
+  o.repeats = 2;
+  const auto models = adasum::calibrate(eng, DType::float64, o);
+  CHECK(models.first.x() == std::vector<double>{64, 256, 1024});
+  CHECK(models.second.x() == models.first.x());
+  for (double t : models.first.t()) CHECK(t > 0);
+  for (double t : models.second.t()) CHECK(t > 0);
+  CHECK(eng.in_flight() == 0);
+  o.repeats = 0;
+  CHECK_THROWS_WITH(adasum::calibrate(eng, DType::float32, o), Catch::Contains("repeats 0"));
+  CHECK_THROWS_AS(adasum::calibrate(eng, DType::int32, o), kdist::InvalidArgument);
 }
