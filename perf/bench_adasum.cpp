@@ -2,16 +2,28 @@
 // as 64 fused tensors; medians of >= 5 repeats of the maximum over ranks. Both algorithms are
 // timed (vhdd_s, doubling_s); adasum_s is what a caller gets by default (Algorithm::automatic,
 // doubling below --small-bytes) and the last column is its ratio to the sum.
+// Memory-traffic bounds, from copy / read / triad rates measured in the same run at each size with
+// every rank running them at once (perf/bandwidth.hpp: ranks on one node share the memory bus, as
+// in the collective), for P' = the power of two at or below P and n' = n (1 - 1/P') bytes moved
+// per rank by the halving levels together:
+//   sum (reduce-scatter + all-gather)  receive n' (a copy), add n' (a triad), receive n' (a copy)
+//   Adasum (VHDD)                      receive n', partial sums over both halves (read 2 n'),
+//                                      apply (triad n'), all-gather n'
+// i.e. time >= 2 (2 n') / copy + 3 n' / triad, plus 2 n' / read for Adasum: the extra pass. A
+// receive counted as one copy is generous to MPI's shared-memory path (two copies through its
+// cells) and exact for a zero-copy one; the network is not in the bound.
 //   mpiexec -n 2 bench_adasum [--reps N] [--json FILE]
 //   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
 #include <CLI/CLI.hpp>
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include "bandwidth.hpp"
 #include "bench_mpi.hpp"
 
 namespace {
@@ -61,8 +73,10 @@ int main(int argc, char** argv) {
       const int me = world.rank(), P = world.size();
       std::unique_ptr<kdist_bench::Table> table;
       if (part == "time")
-        table.reset(new kdist_bench::Table("bench_adasum.time", {"bytes", "tensors", "MPI_Allreduce_s", "vhdd_s",
-                                                                 "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
+        table.reset(new kdist_bench::Table(
+            "bench_adasum.time",
+            {"bytes", "tensors", "copy_GBs", "read_GBs", "triad_GBs", "MPI_Allreduce_s", "sum_bound_s", "sum/bound",
+             "vhdd_s", "vhdd_bound_s", "vhdd/bound", "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
       else
         table.reset(new kdist_bench::Table(
             "bench_adasum.traffic", {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound", "vector_exchanges",
@@ -78,8 +92,22 @@ int main(int argc, char** argv) {
         table->print_header();
       }
       if (part == "time") {
+        int Pp = 1;
+        while (Pp * 2 <= P) Pp *= 2;
+        const kdist_bench::Bandwidth one = kdist_bench::measure_bandwidth<Host>(64u << 20, reps, MPI_COMM_WORLD, true);
+        table->context("one_core_GBs",
+                       {{"copy", one.copy / 1e9}, {"read", one.read / 1e9}, {"triad", one.triad / 1e9}});
+        if (me == 0)
+          std::printf("# one core alone, 64 MiB arrays: copy %.1f, read %.1f, triad %.1f GB/s\n", one.copy / 1e9,
+                      one.read / 1e9, one.triad / 1e9);
         for (std::size_t bytes = 256; bytes <= max_bytes; bytes *= 4) {
           const std::size_t n = bytes / sizeof(float);
+          const kdist_bench::Bandwidth bw = kdist_bench::measure_bandwidth<Host>(bytes, reps, MPI_COMM_WORLD);
+          const double moved = static_cast<double>(bytes) * (1.0 - 1.0 / Pp);
+          const double sum_bound = P == 1 ? 0.0 : 4 * moved / bw.copy + 3 * moved / bw.triad;
+          // Reading is never slower than copying per counted byte; the measured reduction can be (it
+          // is not vectorised in cache), and a bound must take the faster rate.
+          const double vhdd_bound = P == 1 ? 0.0 : sum_bound + 2 * moved / std::max(bw.read, bw.copy);
           std::vector<float> a(n), b(n);
           Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> bv(b.data(), n);
           for (std::size_t tensors : {std::size_t(1), std::size_t(64)}) {
@@ -98,8 +126,10 @@ int main(int argc, char** argv) {
             const double t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
                          t_doubling = t_adasum(kdist::adasum::Algorithm::doubling),
                          t_ada = t_adasum(kdist::adasum::Algorithm::automatic);
-            table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), t_mpi, t_vhdd, t_doubling,
-                        t_ada, t_ada / t_mpi});
+            auto ratio = [](double t, double bound) { return bound > 0 ? t / bound : 0.0; };
+            table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), bw.copy / 1e9, bw.read / 1e9,
+                        bw.triad / 1e9, t_mpi, sum_bound, ratio(t_mpi, sum_bound), t_vhdd, vhdd_bound,
+                        ratio(t_vhdd, vhdd_bound), t_doubling, t_ada, t_ada / t_mpi});
           }
         }
       } else {
