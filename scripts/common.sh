@@ -13,6 +13,7 @@ KDIST_PACKAGES=(
   nlohmann-json3-dev libcli11-dev zlib1g-dev catch2
   dataset-fashion-mnist
   iproute2
+  python3
 )
 
 kdist_install_packages() {

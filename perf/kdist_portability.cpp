@@ -1,0 +1,372 @@
+// kdist_portability: every kernel kdist runs, on the default execution space, as a share of what
+// this platform can do, measured in the same run (the performance-portability suite).
+//
+// Limits (per process; under mpiexec every rank measures at once and rank 0 reports):
+//   copy_one, triad_one  STREAM-like copy / triad with this rank alone (perf/bandwidth.hpp) on
+//                        arrays past the last-level cache (--stream-bytes, 256 MiB)
+//   copy_all             copy with every rank at once (the per-rank share of the memory bus)
+//   gemm_float, gemm_double  kdist::gemm (Kokkos Kernels, BLAS TPL or cuBLAS) at d = --gemm-d
+// Kernels, each with its roofline (bytes moved, or flops, per call, as kdist counts them):
+//   pack_upper d        read and write t(d) = d(d+1)/2 elements                     memory, copy_one
+//   unpack_upper d      read t(d), write d^2                                          memory, copy_one
+//   ema d               P = xi F + (1 - xi) fresh: read 2 d^2, write d^2              memory, copy_one
+//   fused_copy n        a gradient into and out of a fusion buffer: 2 x (read n + write n)  memory, copy_one
+//   adasum_pair n       partial sums (read 2 n) and apply (read 2 n, write n)         memory, copy_one
+//   im2col geometry     read the input, write rows x patch                            memory, copy_one
+//   factor_product n x d  syrk: n d (d + 1) flops                                     compute, gemm_float
+//   precondition g x a  V = G^-1 [dW|db] A^-1: 2 (g^2 a + g a^2) flops                compute, gemm_float
+//   inverse_cholesky d  d^3 flops (potrf d^3/3 + potri 2 d^3/3), double               compute, gemm_double
+//   inverse_eigen d     (4/3 + 2 + 2) d^3 flops: tridiagonal reduction, back-transform,
+//                       V diag(1/(lambda + gamma)) V^T; double                        compute, gemm_double
+//   kfac_step mlp       one K-FAC iteration of the main job's MLP (784-256-128-10, 64 images):
+//                       its factor products, inverses and preconditioning, flops as above;
+//                       time = the iteration with K-FAC attached minus the one without  compute, gemm_float
+// Sizes come from real models: the main job's MLP and CNN, and ResNet-50's factor dimensions.
+// Each figure is the median of --reps calls after one warm-up. One row per kernel and size:
+// time, achieved (GB/s or GFLOP/s), the limit, efficiency = achieved / limit; --json as every
+// bench, with the limits and the platform in its context (perf/pbar.py merges platforms).
+// --smoke: tiny sizes, one repeat (ctest), so that the suite cannot rot.
+#include <CLI/CLI.hpp>
+#include <kdist/adasum/operator.hpp>
+#include <kdist/core/im2col.hpp>
+#include <kdist/core/inverse.hpp>
+#include <kdist/core/packed.hpp>
+#include <kdist/core/products.hpp>
+#include <kdist/kfac/impl/kernels.hpp>
+#include <kdist/kfac/preconditioner.hpp>
+#include <kdist/nn/dense.hpp>
+#include <kdist/nn/init.hpp>
+
+#include <Kokkos_Random.hpp>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bandwidth.hpp"
+#include "bench_mpi.hpp"
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+template <class T>
+using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Mem>;
+template <class T>
+using Vector = Kokkos::View<T*, Mem>;
+
+struct Settings {
+  int reps = 5;
+  std::size_t stream_bytes = 256u << 20;
+  int gemm_d = 2048;
+  bool smoke = false;
+  std::string platform = "this machine", json;
+};
+
+template <class V>
+void fill_random(const V& v, std::uint64_t seed) {
+  Kokkos::Random_XorShift64_Pool<Exec> pool(seed);
+  Kokkos::fill_random(v, pool, typename V::value_type(-1), typename V::value_type(1));
+}
+
+/// Median seconds of `reps` fenced calls after one warm-up.
+double timed(int reps, const std::function<void()>& call) {
+  Exec exec;
+  std::vector<double> t;
+  for (int r = 0; r <= reps; ++r) {
+    exec.fence();
+    const double t0 = kdist::Clock::local_now();
+    call();
+    exec.fence();
+    if (r > 0) t.push_back(kdist::Clock::local_now() - t0);
+  }
+  return kdist_bench::median(t);
+}
+
+struct Limits {
+  double copy_one = 0, triad_one = 0, copy_all = 0, gemm_float = 0, gemm_double = 0;
+  double of(const std::string& name) const {
+    if (name == "copy_one") return copy_one;
+    if (name == "gemm_float") return gemm_float;
+    return gemm_double;
+  }
+};
+
+template <class T>
+double gemm_rate(int d, int reps) {
+  Matrix<T> A("A", d, d), B("B", d, d), C("C", d, d);
+  fill_random(A, 1);
+  fill_random(B, 2);
+  Exec exec;
+  const double t = timed(reps, [&] { kdist::gemm(exec, "N", "N", T(1), A, B, T(0), C); });
+  return 2.0 * d * d * static_cast<double>(d) / t;
+}
+
+Limits measure_limits(const Settings& s) {
+  Limits l;
+  const auto one = kdist_bench::measure_bandwidth<Exec>(s.stream_bytes, s.reps, MPI_COMM_WORLD, true);
+  const auto all = kdist_bench::measure_bandwidth<Exec>(s.stream_bytes, s.reps, MPI_COMM_WORLD, false);
+  l.copy_one = one.copy;
+  l.triad_one = one.triad;
+  l.copy_all = all.copy;
+  l.gemm_float = gemm_rate<float>(s.gemm_d, s.reps);
+  l.gemm_double = gemm_rate<double>(s.gemm_d, s.reps);
+  return l;
+}
+
+/// One row: the kernel, its size, the work per call (bytes or flops) and the limit it is held to.
+struct Row {
+  std::string kernel, size, limit;
+  double seconds = 0, work = 0;
+  bool memory = true;
+};
+
+class Suite {
+ public:
+  Suite(const Settings& s, const Limits& limits, kdist_bench::Table& table) : s_(s), limits_(limits), table_(table) {}
+
+  void add(Row r) {
+    const double achieved = r.work / r.seconds / 1e9, limit = limits_.of(r.limit) / 1e9;
+    table_.row({r.kernel, r.size, r.seconds, achieved, r.memory ? "GB/s" : "GFLOP/s", r.limit, limit,
+                limit > 0 ? achieved / limit : 0.0});
+  }
+
+  void packing(int d) {
+    Matrix<float> full("full", d, d), back("back", d, d);
+    Vector<float> packed("packed", kdist::packed_size(static_cast<std::size_t>(d)));
+    fill_random(full, 3);
+    Exec exec;
+    const double t = static_cast<double>(packed.extent(0)) * sizeof(float), d2 = double(d) * d * sizeof(float);
+    add({"pack_upper", std::to_string(d), "copy_one", timed(s_.reps, [&] { kdist::pack_upper(exec, full, packed); }),
+         2 * t});
+    add({"unpack_upper", std::to_string(d), "copy_one",
+         timed(s_.reps, [&] { kdist::unpack_upper(exec, packed, back); }), t + d2});
+  }
+
+  void ema(int d) {
+    Matrix<float> P("P", d, d), F("F", d, d), fresh("fresh", d, d);
+    fill_random(F, 4);
+    fill_random(fresh, 5);
+    Exec exec;
+    add({"ema", std::to_string(d), "copy_one",
+         timed(s_.reps, [&] { kdist::kfac::impl::blend(exec, P, F, fresh, 0.95f); }),
+         3.0 * d * static_cast<double>(d) * sizeof(float)});
+  }
+
+  void fused_copy(std::size_t n) {
+    Vector<float> grad("grad", n), buffer("buffer", 2 * n);
+    fill_random(grad, 6);
+    Exec exec;
+    const auto slot = Kokkos::subview(buffer, std::make_pair(n / 2, n / 2 + n));
+    add({"fused_copy", std::to_string(n), "copy_one",
+         timed(s_.reps,
+               [&] {
+                 Kokkos::deep_copy(exec, slot, grad);
+                 Kokkos::deep_copy(exec, grad, slot);
+               }),
+         4.0 * static_cast<double>(n) * sizeof(float)});
+  }
+
+  void adasum_pair(std::size_t n) {
+    Vector<float> a("a", n), b("b", n);
+    fill_random(a, 7);
+    fill_random(b, 8);
+    const std::vector<std::size_t> bounds{0, n};
+    std::vector<double> partials(kdist::adasum::kPartials);
+    Exec exec;
+    add({"adasum_pair", std::to_string(n), "copy_one",
+         timed(s_.reps,
+               [&] {
+                 kdist::adasum::partials(exec, a.data(), b.data(), 0, n, bounds, partials.data());
+                 kdist::adasum::apply(exec, a.data(), a.data(), b.data(), 0, n, bounds, partials.data());
+               }),
+         5.0 * static_cast<double>(n) * sizeof(float)});
+  }
+
+  void im2col(const kdist::Conv2dGeometry& g, const std::string& name) {
+    Kokkos::View<float****, Kokkos::LayoutRight, Mem> x("x", g.batch, g.channels, g.height, g.width);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> patches("patches", g.rows(), g.patch());
+    fill_random(x, 9);
+    Exec exec;
+    const double bytes = (static_cast<double>(x.size()) + static_cast<double>(patches.size())) * sizeof(float);
+    add({"im2col", name, "copy_one", timed(s_.reps, [&] { kdist::im2col(exec, g, x, patches); }), bytes});
+  }
+
+  void factor_product(int n, int d) {
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> X("X", n, d);
+    Matrix<float> A("A", d, d);
+    fill_random(X, 10);
+    Exec exec;
+    add({"factor_product", std::to_string(n) + "x" + std::to_string(d), "gemm_float",
+         timed(s_.reps, [&] { kdist::factor_product(exec, X, A, 1.0f / static_cast<float>(n)); }),
+         static_cast<double>(n) * d * (d + 1.0), false});
+  }
+
+  void precondition(int g, int a) {
+    Matrix<float> Gi("Ginv", g, g), W("W", g, a), Ai("Ainv", a, a), R("R", g, a), V("V", g, a);
+    fill_random(Gi, 11);
+    fill_random(W, 12);
+    fill_random(Ai, 13);
+    Exec exec;
+    add({"precondition", std::to_string(g) + "x" + std::to_string(a), "gemm_float",
+         timed(s_.reps,
+               [&] {
+                 kdist::gemm(exec, "N", "N", 1.0f, Gi, W, 0.0f, R);
+                 kdist::gemm(exec, "N", "N", 1.0f, R, Ai, 0.0f, V);
+               }),
+         2.0 * (double(g) * g * a + double(g) * a * a), false});
+  }
+
+  void inverse(int d, kdist::InverseMethod method) {
+    Matrix<double> F("F", d, d), A("A", d, d), inv("inv", d, d);
+    fill_random(F, static_cast<std::uint64_t>(d));
+    Exec exec;
+    kdist::gemm(exec, "T", "N", 1.0 / d, F, F, 0.0, A);  // SPD, well conditioned with the damping
+    kdist::InverseWorkspace<double, Mem> ws;
+    const bool chol = method == kdist::InverseMethod::cholesky;
+    add({chol ? "inverse_cholesky" : "inverse_eigen", std::to_string(d), "gemm_double",
+         timed(s_.reps, [&] { kdist::spd_inverse(exec, A, 1e-2, inv, ws, method); }),
+         (chol ? 1.0 : 4.0 / 3 + 4.0) * d * static_cast<double>(d) * d, false});
+  }
+
+  void kfac_step(int batch);
+
+ private:
+  const Settings& s_;
+  const Limits& limits_;
+  kdist_bench::Table& table_;
+};
+
+// The main job's MLP with K-FAC on every step (factors, inverses, preconditioning) against the same
+// forward and backward without it; the difference is the preconditioner's work.
+void Suite::kfac_step(int batch) {
+  using Dense = kdist::nn::Dense<float, Mem>;
+  const std::vector<int> widths{784, 256, 128, 10};
+  std::vector<Dense> layers;
+  std::vector<kdist::nn::Tensor2<float, Mem>> acts{kdist::nn::Tensor2<float, Mem>("x", batch, widths[0])};
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    layers.emplace_back(widths[l], widths[l + 1], true);
+    kdist::nn::he_init(Exec(), layers.back(), 20 + l);
+    acts.emplace_back("a", batch, widths[l + 1]);
+  }
+  fill_random(acts[0], 14);
+  kdist::nn::Tensor2<float, Mem> dy("dy", batch, widths.back());
+  fill_random(dy, 15);
+  std::vector<kdist::nn::Tensor2<float, Mem>> grads;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) grads.emplace_back("g", batch, widths[l]);
+  std::vector<kdist::kfac::Layer> kl;
+  for (const Dense& d : layers) kl.push_back(d.kfac_layer());
+  kdist::kfac::Options o;
+  o.factor_every = o.inverse_every = 1;
+  o.damping = 1e-2;
+  kdist::kfac::Preconditioner<float, Mem> kfac(kdist::comm::Communicator(MPI_COMM_WORLD), kl, o);
+  Exec exec;
+  auto iteration = [&](bool with_kfac) {
+    for (std::size_t l = 0; l < layers.size(); ++l) layers[l].attach(with_kfac ? &kfac : nullptr, static_cast<int>(l));
+    for (std::size_t l = 0; l < layers.size(); ++l) layers[l].forward(exec, acts[l], acts[l + 1]);
+    for (std::size_t l = layers.size(); l-- > 0;)
+      layers[l].backward(exec, l + 1 == layers.size() ? dy : grads[l + 1], grads[l]);
+    if (!with_kfac) return;
+    std::vector<kdist::kfac::Preconditioner<float, Mem>::Gradient> g;
+    for (const Dense& d : layers) g.push_back(d.gradient());
+    kfac.step(exec, g);
+  };
+  const double with = timed(s_.reps, [&] { iteration(true); }), without = timed(s_.reps, [&] { iteration(false); });
+  double flops = 0;
+  for (const auto& l : kl) {
+    const double a = l.a_dim(), g = l.g_dim();
+    flops += batch * (a * (a + 1) + g * (g + 1)) + a * a * a + g * g * g + 2 * (g * g * a + g * a * a);
+  }
+  add({"kfac_step", "mlp batch " + std::to_string(batch), "gemm_float", std::max(with - without, 1e-9), flops, false});
+}
+
+void run(const Settings& s, kdist_bench::Table& table, const Limits& limits) {
+  Suite suite(s, limits, table);
+  // Factor dimensions: the MLP's A of layer 1 (785) and G (256); ResNet-50's 3x3x256 A (2305 with
+  // the im2col column count 2304) and its largest, 4608 (3x3x512).
+  const std::vector<int> dims = s.smoke ? std::vector<int>{33} : std::vector<int>{257, 785, 2304, 4608};
+  for (int d : dims) suite.packing(d);
+  for (int d : dims) suite.ema(d);
+  // Gradients: the MLP's 235 146 parameters; ResNet-50's fc weights (2 049 000) and all of it (25.6 M).
+  const std::vector<std::size_t> ns =
+      s.smoke ? std::vector<std::size_t>{1000} : std::vector<std::size_t>{235146, 2049000, 25557032};
+  for (std::size_t n : ns) suite.fused_copy(n);
+  for (std::size_t n : ns) suite.adasum_pair(n);
+  if (s.smoke) {
+    suite.im2col({2, 1, 8, 8, 3, 3, 1, 1}, "tiny");
+  } else {
+    suite.im2col({64, 1, 28, 28, 5, 5, 1, 2}, "cnn conv1 (64 x 1x28x28, 5x5)");
+    suite.im2col({64, 32, 14, 14, 5, 5, 1, 2}, "cnn conv2 (64 x 32x14x14, 5x5)");
+    suite.im2col({8, 64, 56, 56, 3, 3, 1, 1}, "resnet50 layer1 3x3 (8 x 64x56x56)");
+  }
+  const std::vector<std::pair<int, int>> products =
+      s.smoke ? std::vector<std::pair<int, int>>{{16, 17}}
+              : std::vector<std::pair<int, int>>{{64, 785}, {512, 785}, {1568, 2304}, {392, 4608}};
+  for (const auto& p : products) suite.factor_product(p.first, p.second);
+  const std::vector<std::pair<int, int>> layers =
+      s.smoke ? std::vector<std::pair<int, int>>{{8, 17}}
+              : std::vector<std::pair<int, int>>{{256, 785}, {256, 2304}, {512, 4608}, {2048, 2048}};
+  for (const auto& p : layers) suite.precondition(p.first, p.second);
+  const std::vector<int> inv = s.smoke ? std::vector<int>{24} : std::vector<int>{256, 785, 2048, 4608};
+  for (int d : inv) suite.inverse(d, kdist::InverseMethod::cholesky);
+  for (int d : inv)
+    if (d <= 2048) suite.inverse(d, kdist::InverseMethod::eigen);
+  suite.kfac_step(s.smoke ? 4 : 64);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    CLI::App app{"kdist performance portability: every kernel as a share of this platform's measured limit"};
+    Settings s;
+    app.add_option("--reps", s.reps, "timed calls per figure (median)")->check(CLI::PositiveNumber);
+    app.add_option("--stream-bytes", s.stream_bytes, "bandwidth arrays, past the last-level cache");
+    app.add_option("--gemm-d", s.gemm_d, "gemm dimension of the compute limit")->check(CLI::PositiveNumber);
+    app.add_option("--platform", s.platform, "name of this platform in the JSON (perf/pbar.py's column)");
+    app.add_flag("--smoke", s.smoke, "tiny sizes, one repeat (ctest)");
+    app.add_option("--json", s.json, "write the rows to this JSON file");
+    try {
+      app.parse(argc, argv);
+      if (s.smoke) {
+        s.reps = 1;
+        s.stream_bytes = 1u << 20;
+        s.gemm_d = 64;
+      }
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      const Limits limits = measure_limits(s);
+      kdist_bench::Table table("kdist_portability",
+                               {"kernel", "size", "seconds", "achieved", "unit", "limit", "limit_value", "efficiency"});
+      table.set_print(rank == 0);
+      table.context("platform", s.platform);
+      table.context("execution_space", Exec::name());
+      table.context("limits", {{"copy_one_GBs", limits.copy_one / 1e9},
+                               {"triad_one_GBs", limits.triad_one / 1e9},
+                               {"copy_all_GBs", limits.copy_all / 1e9},
+                               {"gemm_float_GFLOPs", limits.gemm_float / 1e9},
+                               {"gemm_double_GFLOPs", limits.gemm_double / 1e9}});
+      if (rank == 0) {
+        std::printf(
+            "# %s on %s: copy %.1f GB/s alone (%.1f with every rank), triad %.1f GB/s, gemm %.1f / %.1f "
+            "GFLOP/s (float / double)\n",
+            s.platform.c_str(), Exec::name(), limits.copy_one / 1e9, limits.copy_all / 1e9, limits.triad_one / 1e9,
+            limits.gemm_float / 1e9, limits.gemm_double / 1e9);
+        table.print_header();
+      }
+      run(s, table, limits);
+      if (rank == 0) table.write_json(s.json);
+    } catch (const CLI::ParseError& e) {
+      rc = app.exit(e);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kdist_portability: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
