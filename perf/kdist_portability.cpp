@@ -6,6 +6,9 @@
 //                        arrays past the last-level cache (--stream-bytes, 256 MiB)
 //   copy_all             copy with every rank at once (the per-rank share of the memory bus)
 //   gemm_float, gemm_double  kdist::gemm (Kokkos Kernels, BLAS TPL or cuBLAS) at d = --gemm-d
+//   communication        the all-reduce latency and bandwidth of a kdist_calibrate file (--calibration),
+//                        in the JSON context
+// On the default execution space, and on the host space too where they differ (rows "kernel@host").
 // Kernels, each with its roofline (bytes moved, or flops, per call, as kdist counts them):
 //   pack_upper d        read and write t(d) = d(d+1)/2 elements                     memory, copy_one
 //   unpack_upper d      read t(d), write d^2                                          memory, copy_one
@@ -28,6 +31,7 @@
 // --smoke: tiny sizes, one repeat (ctest), so that the suite cannot rot.
 #include <CLI/CLI.hpp>
 #include <kdist/adasum/operator.hpp>
+#include <kdist/core/cost_model.hpp>
 #include <kdist/core/im2col.hpp>
 #include <kdist/core/inverse.hpp>
 #include <kdist/core/packed.hpp>
@@ -39,8 +43,11 @@
 
 #include <Kokkos_Random.hpp>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bandwidth.hpp"
@@ -48,12 +55,12 @@
 
 namespace {
 
-using Exec = Kokkos::DefaultExecutionSpace;
-using Mem = Exec::memory_space;
-template <class T>
-using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, Mem>;
-template <class T>
-using Vector = Kokkos::View<T*, Mem>;
+// Everything below runs on one execution space, a template parameter: the default one, and the
+// host one too where they differ (a CUDA build), its rows then named "kernel@host".
+template <class Exec, class T>
+using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, typename Exec::memory_space>;
+template <class Exec, class T>
+using Vector = Kokkos::View<T*, typename Exec::memory_space>;
 
 struct Settings {
   int reps = 5;
@@ -63,13 +70,14 @@ struct Settings {
   std::string platform = "this machine", json;
 };
 
-template <class V>
+template <class Exec, class V>
 void fill_random(const V& v, std::uint64_t seed) {
   Kokkos::Random_XorShift64_Pool<Exec> pool(seed);
   Kokkos::fill_random(v, pool, typename V::value_type(-1), typename V::value_type(1));
 }
 
 /// Median seconds of `reps` fenced calls after one warm-up.
+template <class Exec>
 double timed(int reps, const std::function<void()>& call) {
   Exec exec;
   std::vector<double> t;
@@ -92,16 +100,17 @@ struct Limits {
   }
 };
 
-template <class T>
+template <class Exec, class T>
 double gemm_rate(int d, int reps) {
-  Matrix<T> A("A", d, d), B("B", d, d), C("C", d, d);
-  fill_random(A, 1);
-  fill_random(B, 2);
+  Matrix<Exec, T> A("A", d, d), B("B", d, d), C("C", d, d);
+  fill_random<Exec>(A, 1);
+  fill_random<Exec>(B, 2);
   Exec exec;
-  const double t = timed(reps, [&] { kdist::gemm(exec, "N", "N", T(1), A, B, T(0), C); });
+  const double t = timed<Exec>(reps, [&] { kdist::gemm(exec, "N", "N", T(1), A, B, T(0), C); });
   return 2.0 * d * d * static_cast<double>(d) / t;
 }
 
+template <class Exec>
 Limits measure_limits(const Settings& s) {
   Limits l;
   const auto one = kdist_bench::measure_bandwidth<Exec>(s.stream_bytes, s.reps, MPI_COMM_WORLD, true);
@@ -109,8 +118,8 @@ Limits measure_limits(const Settings& s) {
   l.copy_one = one.copy;
   l.triad_one = one.triad;
   l.copy_all = all.copy;
-  l.gemm_float = gemm_rate<float>(s.gemm_d, s.reps);
-  l.gemm_double = gemm_rate<double>(s.gemm_d, s.reps);
+  l.gemm_float = gemm_rate<Exec, float>(s.gemm_d, s.reps);
+  l.gemm_double = gemm_rate<Exec, double>(s.gemm_d, s.reps);
   return l;
 }
 
@@ -121,13 +130,26 @@ struct Row {
   bool memory = true;
 };
 
+template <class Exec>
 class Suite {
+  using Mem = typename Exec::memory_space;
+  template <class T>
+  using Matrix = ::Matrix<Exec, T>;
+  template <class T>
+  using Vector = ::Vector<Exec, T>;
+  template <class V>
+  static void fill_random(const V& v, std::uint64_t seed) {
+    ::fill_random<Exec>(v, seed);
+  }
+  static double timed(int reps, const std::function<void()>& call) { return ::timed<Exec>(reps, call); }
+
  public:
-  Suite(const Settings& s, const Limits& limits, kdist_bench::Table& table) : s_(s), limits_(limits), table_(table) {}
+  Suite(const Settings& s, const Limits& limits, kdist_bench::Table& table, std::string suffix)
+      : s_(s), limits_(limits), table_(table), suffix_(std::move(suffix)) {}
 
   void add(Row r) {
     const double achieved = r.work / r.seconds / 1e9, limit = limits_.of(r.limit) / 1e9;
-    table_.row({r.kernel, r.size, r.seconds, achieved, r.memory ? "GB/s" : "GFLOP/s", r.limit, limit,
+    table_.row({r.kernel + suffix_, r.size, r.seconds, achieved, r.memory ? "GB/s" : "GFLOP/s", r.limit, limit,
                 limit > 0 ? achieved / limit : 0.0});
   }
 
@@ -235,11 +257,13 @@ class Suite {
   const Settings& s_;
   const Limits& limits_;
   kdist_bench::Table& table_;
+  std::string suffix_;
 };
 
 // The main job's MLP with K-FAC on every step (factors, inverses, preconditioning) against the same
 // forward and backward without it; the difference is the preconditioner's work.
-void Suite::kfac_step(int batch) {
+template <class Exec>
+void Suite<Exec>::kfac_step(int batch) {
   using Dense = kdist::nn::Dense<float, Mem>;
   const std::vector<int> widths{784, 256, 128, 10};
   std::vector<Dense> layers;
@@ -267,7 +291,7 @@ void Suite::kfac_step(int batch) {
     for (std::size_t l = layers.size(); l-- > 0;)
       layers[l].backward(exec, l + 1 == layers.size() ? dy : grads[l + 1], grads[l]);
     if (!with_kfac) return;
-    std::vector<kdist::kfac::Preconditioner<float, Mem>::Gradient> g;
+    std::vector<typename kdist::kfac::Preconditioner<float, Mem>::Gradient> g;
     for (const Dense& d : layers) g.push_back(d.gradient());
     kfac.step(exec, g);
   };
@@ -280,8 +304,9 @@ void Suite::kfac_step(int batch) {
   add({"kfac_step", "mlp batch " + std::to_string(batch), "gemm_float", std::max(with - without, 1e-9), flops, false});
 }
 
-void run(const Settings& s, kdist_bench::Table& table, const Limits& limits) {
-  Suite suite(s, limits, table);
+template <class Exec>
+void run(const Settings& s, kdist_bench::Table& table, const Limits& limits, const std::string& suffix) {
+  Suite<Exec> suite(s, limits, table, suffix);
   // Factor dimensions: the MLP's A of layer 1 (785) and G (256); ResNet-50's 3x3x256 A (2305 with
   // the im2col column count 2304) and its largest, 4608 (3x3x512).
   const std::vector<int> dims = s.smoke ? std::vector<int>{33} : std::vector<int>{257, 785, 2304, 4608};
@@ -314,6 +339,41 @@ void run(const Settings& s, kdist_bench::Table& table, const Limits& limits) {
   suite.kfac_step(s.smoke ? 4 : 64);
 }
 
+// One execution space: its limits (in the JSON context under `key`), then every kernel.
+template <class Exec>
+void on_space(const Settings& s, kdist_bench::Table& table, int rank, const std::string& suffix,
+              nlohmann::json& limits_context) {
+  const Limits limits = measure_limits<Exec>(s);
+  limits_context[Exec::name()] = {{"copy_one_GBs", limits.copy_one / 1e9},
+                                  {"triad_one_GBs", limits.triad_one / 1e9},
+                                  {"copy_all_GBs", limits.copy_all / 1e9},
+                                  {"gemm_float_GFLOPs", limits.gemm_float / 1e9},
+                                  {"gemm_double_GFLOPs", limits.gemm_double / 1e9}};
+  if (rank == 0)
+    std::printf(
+        "# %s on %s: copy %.1f GB/s alone (%.1f with every rank), triad %.1f GB/s, gemm %.1f / %.1f "
+        "GFLOP/s (float / double)\n",
+        s.platform.c_str(), Exec::name(), limits.copy_one / 1e9, limits.copy_all / 1e9, limits.triad_one / 1e9,
+        limits.gemm_float / 1e9, limits.gemm_double / 1e9);
+  run<Exec>(s, table, limits, suffix);
+}
+
+// The all-reduce models of a kdist_calibrate file, for the context: the communication limits.
+nlohmann::json communication_limits(const std::string& path) {
+  nlohmann::json out = nlohmann::json::array();
+  if (path.empty()) return out;
+  const kdist::CostModelStore store = kdist::CostModelStore::load(path);  // checks the file, names errors
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in);  // named: a range-for over a temporary's member dangles
+  for (const auto& e : doc.at("entries"))
+    if (e.at("op") == "allreduce")
+      out.push_back({{"dtype", e.at("dtype")},
+                     {"ranks", e.at("ranks")},
+                     {"latency_s", e.at("alpha")},
+                     {"bandwidth_GBs", e.at("beta").get<double>() > 0 ? 1e-9 / e.at("beta").get<double>() : 0.0}});
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,10 +384,12 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     CLI::App app{"kdist performance portability: every kernel as a share of this platform's measured limit"};
     Settings s;
+    std::string calibration;
     app.add_option("--reps", s.reps, "timed calls per figure (median)")->check(CLI::PositiveNumber);
     app.add_option("--stream-bytes", s.stream_bytes, "bandwidth arrays, past the last-level cache");
     app.add_option("--gemm-d", s.gemm_d, "gemm dimension of the compute limit")->check(CLI::PositiveNumber);
     app.add_option("--platform", s.platform, "name of this platform in the JSON (perf/pbar.py's column)");
+    app.add_option("--calibration", calibration, "kdist_calibrate file: its all-reduce models join the limits");
     app.add_flag("--smoke", s.smoke, "tiny sizes, one repeat (ctest)");
     app.add_option("--json", s.json, "write the rows to this JSON file");
     try {
@@ -339,26 +401,18 @@ int main(int argc, char** argv) {
       }
       int rank = 0;
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      const Limits limits = measure_limits(s);
       kdist_bench::Table table("kdist_portability",
                                {"kernel", "size", "seconds", "achieved", "unit", "limit", "limit_value", "efficiency"});
       table.set_print(rank == 0);
       table.context("platform", s.platform);
-      table.context("execution_space", Exec::name());
-      table.context("limits", {{"copy_one_GBs", limits.copy_one / 1e9},
-                               {"triad_one_GBs", limits.triad_one / 1e9},
-                               {"copy_all_GBs", limits.copy_all / 1e9},
-                               {"gemm_float_GFLOPs", limits.gemm_float / 1e9},
-                               {"gemm_double_GFLOPs", limits.gemm_double / 1e9}});
-      if (rank == 0) {
-        std::printf(
-            "# %s on %s: copy %.1f GB/s alone (%.1f with every rank), triad %.1f GB/s, gemm %.1f / %.1f "
-            "GFLOP/s (float / double)\n",
-            s.platform.c_str(), Exec::name(), limits.copy_one / 1e9, limits.copy_all / 1e9, limits.triad_one / 1e9,
-            limits.gemm_float / 1e9, limits.gemm_double / 1e9);
-        table.print_header();
-      }
-      run(s, table, limits);
+      table.context("execution_space", Kokkos::DefaultExecutionSpace::name());
+      table.context("communication", communication_limits(calibration));
+      if (rank == 0) table.print_header();
+      nlohmann::json limits = nlohmann::json::object();
+      on_space<Kokkos::DefaultExecutionSpace>(s, table, rank, "", limits);
+      if (!std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value)
+        on_space<Kokkos::DefaultHostExecutionSpace>(s, table, rank, "@host", limits);
+      table.context("limits", limits);
       if (rank == 0) table.write_json(s.json);
     } catch (const CLI::ParseError& e) {
       rc = app.exit(e);
