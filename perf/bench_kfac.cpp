@@ -257,6 +257,14 @@ std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Net
   return medians;
 }
 
+// G += I. A free function: nvcc refuses a KOKKOS_LAMBDA in a private member function.
+template <class M>
+void add_identity(const Exec& exec, const M& G) {
+  Kokkos::parallel_for(
+      "bench_kfac::identity", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<int>(G.extent(0))),
+      KOKKOS_LAMBDA(const int j) { G(j, j) += typename M::value_type(1); });
+}
+
 // Per-layer compute times for the scale model (perf/model, kdist_model --profile), sampled once per
 // round of the round-robin so that they see the same machine as the configurations:
 //  - a D-KFAC Preconditioner is attached, so the hooks compute and blend factors without
@@ -385,9 +393,7 @@ class Profile {
       Matrix F("F", d, d), G("G", d, d), Fi("Finv", d, d);
       fill_random(F, static_cast<std::uint64_t>(d), 1.0);
       gemm(exec_, "T", "N", T(1) / static_cast<T>(d), F, F, T(0), G);
-      Kokkos::parallel_for(
-          "bench_kfac::identity", Kokkos::RangePolicy<Exec>(exec_, 0, d),
-          KOKKOS_LAMBDA(const int j) { G(j, j) += T(1); });
+      add_identity(exec_, G);
       Kokkos::View<T*, Mem> packed("packed", packed_size(static_cast<std::size_t>(d)));
       exec_.fence();
       const double t0 = Clock::local_now();
