@@ -143,6 +143,17 @@ TEST_CASE("calibrate_collective runs every collective through the engine", "[com
                       Catch::Contains("in_flight 0"));
 }
 
+// [leaks-comm]: the failed Engine is destroyed with its check pending (README "Sanitizer run").
+TEST_CASE("calibrate_collective: ranks that disagree on in_flight get an error on every rank",
+          "[comm][cost][mpi][leaks-comm]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  if (world.size() == 1) return;
+  kdist::comm::Engine engine(world);
+  kdist::comm::CalibrationOptions mixed = tiny_calibration(16, 2, 3);
+  mixed.in_flight = world.rank() == 1 ? 2 : 1;  // different operations posted: a mismatch, no hang
+  CHECK_THROWS_AS(kdist::comm::calibrate_collective(engine, CostOp::allreduce, DType::float32, mixed), kdist::Error);
+}
+
 namespace {
 /// What CostModelStore::load says about `text` ("" if it loads), flagging foreign exceptions.
 std::string load_error(const std::string& path, const std::string& text) {

@@ -557,6 +557,16 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
     }
   }
+  SECTION("ranks that disagree on the placement: a mismatch on every rank, not a hang") {
+    if (world_size() > 1) {
+      // Rank 1 broadcasts every inverse from its owner (sequential, all CT); the others place for
+      // the channel, which with the default models inverts these small factors everywhere.
+      Options o = base_options();
+      o.placement = world_rank() == 1 ? PlacementKind::sequential : PlacementKind::channel;
+      Preconditioner<double, TestMem> kfac(world, layers, o);
+      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
+    }
+  }
   SECTION("NaN in one rank's activations: that rank names it, the others hear it") {
     Preconditioner<double, TestMem> kfac(world, layers, base_options());
     const bool poisoned = world_rank() == world_size() - 1;
