@@ -1,6 +1,5 @@
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/adasum/calibrate.hpp>
-#include <kdist/core/timer.hpp>
 
 #include <algorithm>
 #include <string>
@@ -13,30 +12,23 @@ namespace {
 using Host = Kokkos::DefaultHostExecutionSpace;
 
 template <class T>
-double timed_run(comm::Engine& engine, Algorithm a, const Kokkos::View<T*, Kokkos::HostSpace>& v,
-                 const Kokkos::View<double*, Kokkos::HostSpace>& scalar) {
-  engine.allreduce(Host(), scalar, comm::ReduceOp::sum, "kdist::adasum::calibrate::barrier").wait();
+double timed_run(comm::Engine& engine, Algorithm a, const Kokkos::View<T*, Kokkos::HostSpace>& v) {
   Options o;
   o.algorithm = a;
-  const double t0 = Clock::local_now();
-  allreduce(Host(), engine, v, {0, v.extent(0)}, {}, o).wait();
-  scalar(0) = Clock::local_now() - t0;
-  engine.allreduce(Host(), scalar, comm::ReduceOp::max, "kdist::adasum::calibrate::max_time").wait();
-  return scalar(0);
+  return comm::time_over_ranks(engine, [&] { allreduce(Host(), engine, v, {0, v.extent(0)}, {}, o).wait(); });
 }
 
 template <class T>
 std::pair<CostModel, CostModel> calibrate_typed(comm::Engine& engine, const comm::CalibrationOptions& o) {
   std::vector<double> xs, vhdd, doubling;
-  Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::adasum::calibrate::scalar", 1);
   for (std::size_t bytes = std::max<std::size_t>(o.min_bytes, sizeof(T)); bytes <= o.max_bytes; bytes *= 4) {
     Kokkos::View<T*, Kokkos::HostSpace> v("kdist::adasum::calibrate::payload", bytes / sizeof(T));
     Kokkos::deep_copy(v, T(1) + static_cast<T>(engine.rank()));
     std::vector<double> sv, sd;
     for (int r = 0; r < o.warmup + o.repeats; ++r) {
       // Interleaved, so a drift of the machine lands on both alike.
-      const double tv = timed_run(engine, Algorithm::vhdd, v, scalar);
-      const double td = timed_run(engine, Algorithm::doubling, v, scalar);
+      const double tv = timed_run(engine, Algorithm::vhdd, v);
+      const double td = timed_run(engine, Algorithm::doubling, v);
       if (r < o.warmup) continue;
       sv.push_back(tv);
       sd.push_back(td);

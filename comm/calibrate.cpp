@@ -11,34 +11,29 @@ namespace comm {
 namespace {
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-/// One timed run: a 1-element all-reduce as the barrier, the operations (all posted, then all
-/// waited), then the maximum of the ranks' elapsed times per operation (a 1-element max
-/// all-reduce). All of them go through the engine.
+/// One timed run: the operations posted together, then all waited; seconds per operation.
 template <class T>
-double timed_run(Engine& engine, CostOp op, const std::vector<Kokkos::View<T*, Kokkos::HostSpace>>& buffers,
-                 const Kokkos::View<double*, Kokkos::HostSpace>& scalar) {
-  engine.allreduce(Host(), scalar, ReduceOp::sum, "kdist::calibrate::barrier").wait();
-  const double t0 = Clock::local_now();
-  std::vector<Request> ops;
-  for (const auto& v : buffers)
-    ops.push_back(op == CostOp::broadcast ? engine.broadcast(Host(), v, 0, "kdist::calibrate::broadcast")
-                                          : engine.allreduce(Host(), v, ReduceOp::sum, "kdist::calibrate::allreduce"));
-  for (Request& r : ops) r.wait();
-  scalar(0) = (Clock::local_now() - t0) / static_cast<double>(buffers.size());
-  engine.allreduce(Host(), scalar, ReduceOp::max, "kdist::calibrate::max_time").wait();
-  return scalar(0);
+double timed_run(Engine& engine, CostOp op, const std::vector<Kokkos::View<T*, Kokkos::HostSpace>>& buffers) {
+  const double t = time_over_ranks(engine, [&] {
+    std::vector<Request> ops;
+    for (const auto& v : buffers)
+      ops.push_back(op == CostOp::broadcast
+                        ? engine.broadcast(Host(), v, 0, "kdist::calibrate::broadcast")
+                        : engine.allreduce(Host(), v, ReduceOp::sum, "kdist::calibrate::allreduce"));
+    for (Request& r : ops) r.wait();
+  });
+  return t / static_cast<double>(buffers.size());
 }
 
 template <class T>
 CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o) {
   std::vector<double> xs, ts;
-  Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::calibrate::scalar", 1);
   for (std::size_t bytes = std::max<std::size_t>(o.min_bytes, sizeof(T)); bytes <= o.max_bytes; bytes *= 4) {
     std::vector<Kokkos::View<T*, Kokkos::HostSpace>> buffers;
     for (int k = 0; k < o.in_flight; ++k) buffers.emplace_back("kdist::calibrate::payload", bytes / sizeof(T));
     std::vector<double> samples;
     for (int r = 0; r < o.warmup + o.repeats; ++r) {
-      const double worst = timed_run(engine, op, buffers, scalar);
+      const double worst = timed_run(engine, op, buffers);
       if (r >= o.warmup) samples.push_back(worst);
     }
     xs.push_back(static_cast<double>(bytes));
@@ -47,6 +42,16 @@ CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o
   return CostModel::from_measurements(xs, ts);
 }
 }  // namespace
+
+double time_over_ranks(Engine& engine, const std::function<void()>& run) {
+  Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::calibrate::scalar", 1);
+  engine.allreduce(Host(), scalar, ReduceOp::sum, "kdist::calibrate::barrier").wait();
+  const double t0 = Clock::local_now();
+  run();
+  scalar(0) = Clock::local_now() - t0;
+  engine.allreduce(Host(), scalar, ReduceOp::max, "kdist::calibrate::max_time").wait();
+  return scalar(0);
+}
 
 void check_options(const char* func, const CalibrationOptions& options) {
   if (options.repeats < 1 || options.warmup < 0 || options.in_flight < 1 || options.min_bytes > options.max_bytes)

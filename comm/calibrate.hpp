@@ -14,6 +14,7 @@
 #include <kdist/core/cost_model.hpp>
 
 #include <cstddef>
+#include <functional>
 
 namespace kdist {
 namespace comm {
@@ -25,6 +26,11 @@ struct CalibrationOptions {
   int repeats = 5;
   int in_flight = 1;  ///< operations posted together per timed run (their mean is recorded)
 };
+
+/// One timed run as the calibrations take it: a 1-element all-reduce as the barrier, `run` (which
+/// posts and waits its operations), then the maximum over ranks of the elapsed seconds (a 1-element
+/// max all-reduce), all through `engine`. Collective.
+double time_over_ranks(Engine& engine, const std::function<void()>& run);
 
 /// Throws InvalidArgument naming `func` unless repeats >= 1, warmup >= 0, in_flight >= 1 and
 /// min_bytes <= max_bytes.
