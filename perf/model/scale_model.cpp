@@ -69,6 +69,16 @@ double end_of_backward(const std::vector<LayerTimes>& layers, bool pipelined) {
   return t;
 }
 
+// Factor f in reduction and placement order, A_0 .. A_{L-1} then G_{L-1} .. G_0 (the Preconditioner's).
+struct Factor {
+  std::size_t layer;
+  bool is_a;
+  int dim(const std::vector<LayerTimes>& layers) const { return is_a ? layers[layer].a_dim : layers[layer].g_dim; }
+};
+Factor factor(std::size_t layers, std::size_t f) {
+  return f < layers ? Factor{f, true} : Factor{2 * layers - 1 - f, false};
+}
+
 // CT broadcasts in kfac::broadcast_order (the Preconditioner's), then each rank's finish.
 struct InversePhase {
   double rank0_compute = 0, rank0_end = 0, end = 0;
@@ -144,9 +154,7 @@ std::vector<FusionTensor> factor_tensors(const std::vector<LayerTimes>& layers, 
   }
   std::vector<FusionTensor> tensors;
   for (std::size_t f = 0; f < 2 * L; ++f) {
-    const bool is_a = f < L;
-    const LayerTimes& l = layers[is_a ? f : 2 * L - 1 - f];
-    const auto d = static_cast<std::size_t>(is_a ? l.a_dim : l.g_dim);
+    const auto d = static_cast<std::size_t>(factor(L, f).dim(layers));
     tensors.push_back({kdist::packed_size(d) * element_bytes, pipelined ? ready[f] : 0.0});
   }
   return tensors;
@@ -156,9 +164,8 @@ std::vector<kdist::kfac::PlacementItem> placement_items(const std::vector<LayerT
   const std::size_t L = layers.size();
   std::vector<kdist::kfac::PlacementItem> items;
   for (std::size_t f = 0; f < 2 * L; ++f) {
-    const bool is_a = f < L;
-    const std::size_t l = is_a ? f : 2 * L - 1 - f;
-    items.push_back({std::string(is_a ? "A" : "G") + std::to_string(l), is_a ? layers[l].a_dim : layers[l].g_dim});
+    const Factor x = factor(L, f);
+    items.push_back({std::string(x.is_a ? "A" : "G") + std::to_string(x.layer), x.dim(layers)});
   }
   return items;
 }
@@ -208,20 +215,17 @@ Prediction predict(const std::vector<LayerTimes>& layers, const CommModels& mode
   b.grad_comm = kdist::comm::plan_finish_time(grads, kdist::comm::make_plan(grads, planning, grad_planner), allreduce);
 
   p.placement = kdist::kfac::place(placement_items(layers), models.placement, s.ranks, s.switches.placement);
-  if (actual)
-    for (std::size_t f = 0; f < p.placement.owner.size(); ++f) {
-      const int d = f < layers.size() ? layers[f].a_dim : layers[2 * layers.size() - 1 - f].g_dim;
-      p.placement.inverse_s[f] = actual->placement.inverse_time(d);
-      p.placement.broadcast_s[f] = actual->placement.broadcast_time(d);
-    }
-  if (alone) std::fill(p.placement.broadcast_s.begin(), p.placement.broadcast_s.end(), 0.0);
   std::vector<double> pack_inverse, unpack_inverse;  // per factor, in placement order
-  for (std::size_t f = 0; f < 2 * layers.size(); ++f) {
-    const bool is_a = f < layers.size();
-    const LayerTimes& l = layers[is_a ? f : 2 * layers.size() - 1 - f];
-    pack_inverse.push_back(is_a ? l.pack_a : l.pack_g);
-    unpack_inverse.push_back(is_a ? l.unpack_a : l.unpack_g);
+  for (std::size_t f = 0; f < p.placement.owner.size(); ++f) {
+    const Factor x = factor(layers.size(), f);
+    const LayerTimes& l = layers[x.layer];
+    pack_inverse.push_back(x.is_a ? l.pack_a : l.pack_g);
+    unpack_inverse.push_back(x.is_a ? l.unpack_a : l.unpack_g);
+    if (!actual) continue;
+    p.placement.inverse_s[f] = actual->placement.inverse_time(x.dim(layers));
+    p.placement.broadcast_s[f] = actual->placement.broadcast_time(x.dim(layers));
   }
+  if (alone) std::fill(p.placement.broadcast_s.begin(), p.placement.broadcast_s.end(), 0.0);
   const InversePhase inv = inverse_phase(p.placement, pack_inverse, unpack_inverse);
   b.inverses = inv.rank0_compute;
   b.inverse_comm = inv.rank0_end - inv.rank0_compute;
