@@ -37,12 +37,15 @@
 #include <functional>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <utility>
+
+#include <unistd.h>
 
 namespace kdist {
 namespace adasum {
@@ -100,6 +103,67 @@ class ScratchPool {
 constexpr int kTagFold = 1, kTagFoldBad = 2, kTagUnfold = 3, kTagUnfoldBad = 4;
 constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
 
+// The partials of one level's kept range [lo, hi) (offsets into the slice), fed chunk by chunk
+// as the partner's half arrives. Each tensor's piece is summed in kBlock-element blocks counted
+// from the piece's start, and the blocks are added in order to a total carried from chunk to
+// chunk; a block that straddles a chunk's end waits for the next chunk. These are exactly the
+// blocks and the order of one unchunked pass (partials() on a serial space), so the sums do not
+// depend on the chunk size, bit for bit. With more than one host thread the blocks of a run are
+// summed in parallel into scratch first; the order of addition stays the same.
+template <class T>
+class PartialStream {
+ public:
+  void start(std::size_t lo, std::size_t hi, std::size_t g0, const std::vector<std::size_t>* bounds, double* part) {
+    lo_ = lo;
+    hi_ = hi;
+    done_ = lo;
+    g0_ = g0;
+    bounds_ = bounds;
+    part_ = part;
+    t_ = 0;
+    std::fill(part, part + kPartials * (bounds->size() - 1), 0.0);
+  }
+  // Adds every block of [done, upto) that is complete; a and b point at element lo.
+  void feed(const T* a, const T* b, std::size_t upto) {
+    const std::vector<std::size_t>& bd = *bounds_;
+    const std::size_t tensors = bd.size() - 1;
+    while (done_ < upto && t_ < tensors) {
+      const std::size_t g = g0_ + done_;
+      if (bd[t_ + 1] <= g) {  // tensor t_ ends before: next (empty tensors skipped too)
+        ++t_;
+        continue;
+      }
+      const std::size_t piece_end = std::min(bd[t_ + 1] - g0_, hi_);
+      const std::size_t last = piece_end <= upto ? piece_end : done_ + (upto - done_) / impl::kBlock * impl::kBlock;
+      if (last == done_) return;  // the block in progress is not complete yet
+      add_run(a, b, done_ - lo_, last - lo_, part_ + kPartials * t_);
+      done_ = last;
+    }
+  }
+  void finish(const T* a, const T* b) { feed(a, b, hi_); }
+
+ private:
+  static void add_run(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+    if (Host().concurrency() == 1) {
+      for (std::size_t s = begin; s < end; s += impl::kBlock)
+        impl::add_block(a, b, s, std::min(s + impl::kBlock, end), v);
+      return;
+    }
+    const std::size_t blocks = (end - begin + impl::kBlock - 1) / impl::kBlock;
+    std::vector<double> sums(kPartials * blocks, 0.0);
+    double* out = sums.data();
+    Kokkos::parallel_for("kdist::adasum::partials", Kokkos::RangePolicy<Host>(0, blocks), [=](const std::size_t k) {
+      const std::size_t s = begin + k * impl::kBlock;
+      impl::add_block(a, b, s, std::min(s + impl::kBlock, end), out + kPartials * k);
+    });
+    for (std::size_t k = 0; k < blocks; ++k)
+      for (int j = 0; j < kPartials; ++j) v[j] += out[kPartials * k + static_cast<std::size_t>(j)];
+  }
+  std::size_t lo_ = 0, hi_ = 0, done_ = 0, g0_ = 0, t_ = 0;
+  const std::vector<std::size_t>* bounds_ = nullptr;
+  double* part_ = nullptr;
+};
+
 // Everything the steps of one all-reduce share. Partials messages hold 3 doubles per tensor
 // (summed) followed by one per tensor: the lowest rank with a non-finite input (min-reduced).
 template <class T>
@@ -118,6 +182,22 @@ struct State {
   std::vector<std::vector<double>> node_parts;
   std::vector<double> fold_bad;
   std::vector<char> bad_a, bad_b;  // non-finite flags of the raw inputs read by a partials step
+  PartialStream<T> stream;         // the partials of the level in progress
+
+  // The partials of the whole slice in one pass (the fold, doubling), in the stream's order.
+  void whole_partials(const T* a, const T* b) {
+    stream.start(0, m, g0, &bounds, part.data());
+    stream.finish(a, b);
+  }
+  // After a partials pass: which tensors' pieces of a / b held a NaN or Inf (non-finite norms).
+  void flag_nonfinite() {
+    bad_a.assign(tensors, 0);
+    bad_b.assign(tensors, 0);
+    for (std::size_t t = 0; t < tensors; ++t) {
+      bad_a[t] = !std::isfinite(part[kPartials * t + 1]);
+      bad_b[t] = !std::isfinite(part[kPartials * t + 2]);
+    }
+  }
 
   // Raw inputs are read once, by the first partials step: mark the rank each came from (a side
   // whose data is not raw, i.e. already combined by a fold, passes kNoRank).
@@ -182,8 +262,8 @@ void scan_nonfinite(State<T>& st, int my_rank) {
 template <class T>
 class Builder {
  public:
-  Builder(comm::Engine& engine, std::shared_ptr<State<T>> st, const Topology* hier, bool doubling)
-      : st_(std::move(st)), s_(*st_), hier_(hier), me_(engine.rank()), doubling_(doubling && !hier) {
+  Builder(comm::Engine& engine, std::shared_ptr<State<T>> st, const Topology* hier, bool doubling, std::size_t chunk)
+      : st_(std::move(st)), s_(*st_), hier_(hier), me_(engine.rank()), doubling_(doubling && !hier), chunk_(chunk) {
     k_ = hier ? hier->node().size() : 1;
     N_ = hier ? hier->cross().size() : engine.size();
     c_ = hier ? hier->cross().rank() : me_;
@@ -287,6 +367,7 @@ class Builder {
     sched_.step().send(peer, Buffer::host(s_.S, s_.m), tag).send(peer, Buffer::host(s_.bad(), s_.tensors), tag_bad);
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
     s_.planned.vector_exchanges += 1;
+    s_.planned.vector_messages += 1;
   }
 
   // Even rank 2i (i < q) combines its partner's vector with its own as a.
@@ -298,9 +379,11 @@ class Builder {
         .recv(odd, Buffer::host(s_.fold_bad.data(), s_.tensors), kTagFoldBad)
         .then([st = st_, raw = raw_, me = me_, odd] {
           Phase phase("kdist::adasum::fold_in");
-          partials(Host(), st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data(), raw ? &st->bad_a : nullptr,
-                   raw ? &st->bad_b : nullptr);
-          if (raw) st->attribute(me, odd);
+          st->whole_partials(st->S, st->tmp());
+          if (raw) {
+            st->flag_nonfinite();
+            st->attribute(me, odd);
+          }
           for (std::size_t t = 0; t < st->tensors; ++t) st->bad()[t] = std::min(st->bad()[t], st->fold_bad[t]);
         });
     s_.planned.vector_exchanges += 1;
@@ -312,8 +395,9 @@ class Builder {
     });
   }
 
-  // Level l of vector halving, distance doubling: exchange halves with partner v XOR 2^l, form
-  // the partials of the kept half, sum them over the 2^(l+1) holders, apply.
+  // Level l of vector halving, distance doubling: exchange halves with partner v XOR 2^l in
+  // chunks, form the partials of the kept half chunk by chunk (each while the next chunk moves),
+  // sum them over the 2^(l+1) holders, apply (at the last level chunk by chunk, see gather_level).
   void halving_level(int l) {
     const int d = 1 << l;
     const int partner = real(v_ ^ d);
@@ -326,30 +410,54 @@ class Builder {
     const std::size_t mid = lo_ + (hi_ - lo_) / 2;
     const std::size_t keep_lo = lower ? lo_ : mid, keep_hi = lower ? mid : hi_;
     const std::size_t send_lo = lower ? mid : lo_, send_hi = lower ? hi_ : mid;
-    sched_.step()
-        .send(partner, Buffer::host(s_.S + send_lo, send_hi - send_lo), kTagHalve + l)
-        .recv(partner, Buffer::host(s_.tmp(), keep_hi - keep_lo), kTagHalve + l)
-        .then([st = st_, lower, keep_lo, keep_hi, raw_here, mine_from, theirs_from] {
+    // a is the lower virtual rank's vector; the partner's piece lands in tmp.
+    auto a_b = [lower, keep_lo](State<T>& st) {
+      const T* mine = st.S + keep_lo;
+      return lower ? std::make_pair(mine, static_cast<const T*>(st.tmp())) : std::make_pair(st.tmp(), mine);
+    };
+    const std::size_t K = chunk_, keep_n = keep_hi - keep_lo, send_n = send_hi - send_lo;
+    const std::size_t chunks = std::max<std::size_t>({1, (keep_n + K - 1) / K, (send_n + K - 1) / K});
+    for (std::size_t c = 0; c < chunks; ++c) {
+      sched_.step();
+      const std::size_t s0 = std::min(c * K, send_n), s1 = std::min(s0 + K, send_n);
+      const std::size_t r0 = std::min(c * K, keep_n), r1 = std::min(r0 + K, keep_n);
+      if (s1 > s0) sched_.send(partner, Buffer::host(s_.S + send_lo + s0, s1 - s0), kTagHalve + l);
+      if (r1 > r0) sched_.recv(partner, Buffer::host(s_.tmp() + r0, r1 - r0), kTagHalve + l);
+      if (s1 > s0) s_.planned.vector_messages += 1;
+      if (c == 0) {
+        sched_.during(
+            [st = st_, keep_lo, keep_hi] { st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data()); });
+      } else {  // the chunk before has arrived: sum it while this one moves
+        sched_.during([st = st_, a_b, upto = keep_lo + r0] {
           Phase phase("kdist::adasum::partials");
-          T* mine = st->S + keep_lo;
-          const T* theirs = st->tmp();
-          partials(Host(), lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo,
-                   st->bounds, st->part.data(), raw_here ? &st->bad_a : nullptr, raw_here ? &st->bad_b : nullptr);
-          if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+          const auto ab = a_b(*st);
+          st->stream.feed(ab.first, ab.second, upto);
         });
-    s_.planned.vector_bytes_sent += static_cast<long long>(send_hi - send_lo) * sizeof(T);
+      }
+    }
+    sched_.then([st = st_, a_b, raw_here, lower, mine_from, theirs_from] {
+      Phase phase("kdist::adasum::partials");
+      const auto ab = a_b(*st);
+      st->stream.finish(ab.first, ab.second);
+      if (raw_here) {
+        st->flag_nonfinite();
+        st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+      }
+    });
+    s_.planned.vector_bytes_sent += static_cast<long long>(send_n) * sizeof(T);
     s_.planned.vector_exchanges += 1;
     node_sum(kTagNode + l);
     sum_partials_over_holders(l);
-    sched_.step().then([st = st_, lower, keep_lo, keep_hi] {
+    // The last level applies its first chunk here and the rest while the all-gather sends.
+    const std::size_t apply_n = l == L_ - 1 ? std::min(K, keep_n) : keep_n;
+    sched_.step().then([st = st_, a_b, keep_lo, apply_n] {
       Phase phase("kdist::adasum::apply");
-      T* mine = st->S + keep_lo;
-      const T* theirs = st->tmp();
-      apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds,
-            st->part.data());
+      const auto ab = a_b(*st);
+      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
     });
     lo_ = keep_lo;
     hi_ = keep_hi;
+    last_lower_ = lower;
   }
 
   // Level l of whole-vector recursive doubling: exchange vectors and non-finite markers with
@@ -375,13 +483,16 @@ class Builder {
           const T* theirs = st->tmp();
           const T* a = lower ? mine : theirs;
           const T* b = lower ? theirs : mine;
-          partials(Host(), a, b, st->g0, st->m, st->bounds, st->part.data(), raw_here ? &st->bad_a : nullptr,
-                   raw_here ? &st->bad_b : nullptr);
-          if (raw_here) st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+          st->whole_partials(a, b);
+          if (raw_here) {
+            st->flag_nonfinite();
+            st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+          }
           apply(Host(), mine, a, b, st->g0, st->m, st->bounds, st->part.data());
         });
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
     s_.planned.vector_exchanges += 1;
+    s_.planned.vector_messages += 1;
     s_.planned.partial_bytes_sent += static_cast<long long>(s_.tensors) * 8;
   }
 
@@ -399,16 +510,36 @@ class Builder {
     s_.planned.partial_reductions += 1;
   }
 
-  // All-gather in reverse: hand the partner this rank's piece of the level-l slice.
+  // All-gather in reverse: hand the partner this rank's piece of the level-l slice, in chunks.
+  // At the last level the piece is still being applied: each chunk is applied while the chunk
+  // before it is sent (halving_level applied the first).
   void gather_level(int l) {
     const int partner = real(v_ ^ (1 << l));
     const std::size_t plo = slices_[static_cast<std::size_t>(l)].first;
     const std::size_t phi = slices_[static_cast<std::size_t>(l)].second;
     const std::size_t olo = lo_ == plo ? hi_ : plo, ohi = lo_ == plo ? phi : lo_;  // partner's piece
-    sched_.step()
-        .send(partner, Buffer::host(s_.S + lo_, hi_ - lo_), kTagGather + l)
-        .recv(partner, Buffer::host(s_.S + olo, ohi - olo), kTagGather + l);
-    s_.planned.vector_bytes_sent += static_cast<long long>(hi_ - lo_) * sizeof(T);
+    const std::size_t K = chunk_, mine_n = hi_ - lo_, theirs_n = ohi - olo;
+    const std::size_t chunks = std::max<std::size_t>({1, (mine_n + K - 1) / K, (theirs_n + K - 1) / K});
+    const bool applying = l == L_ - 1;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      sched_.step();
+      const std::size_t s0 = std::min(c * K, mine_n), s1 = std::min(s0 + K, mine_n);
+      const std::size_t r0 = std::min(c * K, theirs_n), r1 = std::min(r0 + K, theirs_n);
+      if (s1 > s0) sched_.send(partner, Buffer::host(s_.S + lo_ + s0, s1 - s0), kTagGather + l);
+      if (r1 > r0) sched_.recv(partner, Buffer::host(s_.S + olo + r0, r1 - r0), kTagGather + l);
+      if (s1 > s0) s_.planned.vector_messages += 1;
+      const std::size_t next0 = std::min(s1, mine_n), next1 = std::min(next0 + K, mine_n);
+      if (applying && next1 > next0) {
+        sched_.during([st = st_, lower = last_lower_, lo = lo_, next0, next1] {
+          Phase phase("kdist::adasum::apply");
+          T* mine = st->S + lo + next0;
+          const T* theirs = st->tmp() + next0;
+          apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + lo + next0, next1 - next0,
+                st->bounds, st->part.data());
+        });
+      }
+    }
+    s_.planned.vector_bytes_sent += static_cast<long long>(mine_n) * sizeof(T);
     s_.planned.vector_exchanges += 1;
     lo_ = plo;
     hi_ = phi;
@@ -431,7 +562,8 @@ class Builder {
   const Topology* hier_;
   comm::Schedule sched_{"adasum"};
   int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
-  bool doubling_ = false, raw_ = true, folds_in_ = false;
+  bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true;
+  std::size_t chunk_ = 1;  // elements per VHDD chunk
   std::size_t lo_ = 0, hi_ = 0;
   std::vector<std::pair<std::size_t, std::size_t>> slices_;  // slice before each level
 };
@@ -462,12 +594,16 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   for (std::size_t t = 0; t < s.tensors; ++t) s.bad()[t] = kNoRank;
   const bool doubling = !hier && (options.algorithm == Algorithm::doubling ||
                                   (options.algorithm == Algorithm::automatic && n * sizeof(T) < options.small_bytes));
-  Builder<T> builder(engine, st, hier, doubling);
+  const std::size_t chunk_bytes = options.chunk_bytes ? options.chunk_bytes : default_chunk_bytes();
+  const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
+  Builder<T> builder(engine, st, hier, doubling, chunk);
   comm::Schedule sched = builder.build();
   comm::OpDescription what;
   what.dtype = dtype_of<T>();
   what.count = static_cast<long long>(n);
-  what.label = doubling ? "adasum/doubling" : "adasum";
+  // Ranks that chunk differently would send messages of different sizes: the chunk is part of
+  // the signature whenever it can split a half.
+  what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
   what.layout = std::move(layout);
   return engine.submit(std::move(sched), std::move(what));
 }
@@ -478,6 +614,16 @@ template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_
                                               std::function<void()>);
 
 }  // namespace impl
+
+std::size_t default_chunk_bytes() {
+  constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
+  long l2 = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+  if (l2 <= 0) return 256u << 10;
+  return std::min(hi, std::max(lo, static_cast<std::size_t>(l2) / 8));
+}
 
 const char* to_string(Algorithm a) {
   switch (a) {

@@ -13,7 +13,9 @@
 // level), and whole-vector recursive doubling (latency-optimal: log2 P exchanges of the whole
 // vector, both partners applying the pair operator to the same two vectors). `automatic` takes
 // doubling for flat calls below Options::small_bytes, the way MPI libraries switch algorithms by
-// message size; small_bytes_from() reads the crossover kdist_calibrate measured. The two agree to
+// message size; small_bytes_from() reads the crossover kdist_calibrate measured. VHDD moves each
+// half in cache-sized chunks (Options::chunk_bytes) and sums a chunk's partials while the next
+// chunk is in flight; the partials' order of addition is fixed by the tensors, not the chunks. The two agree to
 // rounding (their partial sums run in different orders); each is bit-identical on every rank, and
 // every rank must choose the same one (the choice is part of the Engine's signature check).
 // The view may live in any memory space: it is staged through host memory and the result copied
@@ -46,6 +48,7 @@ struct AdasumCounters {
   long long vector_exchanges = 0;    ///< steps in which it exchanged vector data
   long long partial_reductions = 0;  ///< small reductions of per-tensor partials
   long long partial_bytes_sent = 0;  ///< bytes of partials (and non-finite markers) sent
+  long long vector_messages = 0;     ///< messages of vector data sent (one per chunk)
 };
 
 /// Node structure for hierarchical Adasum: the node-local and cross-node groups of one Engine
@@ -77,10 +80,18 @@ const char* to_string(Algorithm a);
 /// memory (README, "Adasum all-reduce"); beyond 2 ranks doubling sends log2 P times n, VHDD 2 n.
 constexpr std::size_t kDefaultSmallBytes = 16u << 10;
 
+/// VHDD's exchange chunk when Options::chunk_bytes is 0: an eighth of this core's L2 cache
+/// (sysconf), within [64 KiB, 1 MiB]; 256 KiB when the cache size is unknown.
+std::size_t default_chunk_bytes();
+
 struct Options {
   Algorithm algorithm = Algorithm::automatic;
   std::size_t small_bytes = kDefaultSmallBytes;  ///< automatic: doubling below this many bytes (flat only)
-  const Topology* hierarchy = nullptr;           ///< nullptr: flat; hierarchical calls always run VHDD
+  /// VHDD sends each half in chunks of this many bytes (0: default_chunk_bytes()) and sums each
+  /// chunk's partials while the next one moves; the last level applies chunk by chunk while the
+  /// all-gather sends. The result does not depend on it, bit for bit; ranks must agree on it.
+  std::size_t chunk_bytes = 0;
+  const Topology* hierarchy = nullptr;  ///< nullptr: flat; hierarchical calls always run VHDD
   AdasumCounters* counters = nullptr;
 };
 

@@ -34,12 +34,36 @@ inline double coefficient(double dot, double norm_sq) {
 
 namespace impl {
 
-/// Partial sums over chunks of kChunk elements: each chunk is summed in four independent lanes
-/// combined in a fixed order, so the loop is not bound by one chain of dependent adds, and the
-/// result is deterministic. Raw pointers (host or device) keep the inner loop simple.
+/// Width of the blocks partial sums are formed in (elements, counted from the start of each
+/// tensor's piece); the blocks' sums are added to the total in block order.
+constexpr std::size_t kBlock = 64;
+
+/// v[0..2] += [a.b, a.a, b.b] over elements [begin, end) (at most kBlock), summed in four
+/// independent lanes combined in a fixed order, so the loop is not bound by one chain of
+/// dependent adds and the result is deterministic. Raw pointers (host or device).
+template <class T>
+KOKKOS_INLINE_FUNCTION void add_block(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+  double d0 = 0, d1 = 0, d2 = 0, d3 = 0, p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+  std::size_t i = begin;
+  for (; i + 4 <= end; i += 4) {
+    const double x0 = a[i], x1 = a[i + 1], x2 = a[i + 2], x3 = a[i + 3];
+    const double y0 = b[i], y1 = b[i + 1], y2 = b[i + 2], y3 = b[i + 3];
+    d0 += x0 * y0, d1 += x1 * y1, d2 += x2 * y2, d3 += x3 * y3;
+    p0 += x0 * x0, p1 += x1 * x1, p2 += x2 * x2, p3 += x3 * x3;
+    q0 += y0 * y0, q1 += y1 * y1, q2 += y2 * y2, q3 += y3 * y3;
+  }
+  for (; i < end; ++i) {
+    const double x = a[i], y = b[i];
+    d0 += x * y, p0 += x * x, q0 += y * y;
+  }
+  v[0] += (d0 + d1) + (d2 + d3);
+  v[1] += (p0 + p1) + (p2 + p3);
+  v[2] += (q0 + q1) + (q2 + q3);
+}
+
+/// Partial sums of one piece as a Kokkos reduction over its kBlock-element blocks.
 template <class T>
 struct PartialSums {
-  static constexpr std::size_t kChunk = 64;
   using value_type = double[];
   using size_type = std::size_t;
   const size_type value_count = kPartials;
@@ -47,25 +71,10 @@ struct PartialSums {
   const T* b;
   std::size_t n;
   PartialSums(const T* pa, const T* pb, std::size_t len) : a(pa), b(pb), n(len) {}
-  std::size_t chunks() const { return (n + kChunk - 1) / kChunk; }
+  std::size_t blocks() const { return (n + kBlock - 1) / kBlock; }
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c, value_type v) const {
-    const std::size_t begin = c * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
-    double d0 = 0, d1 = 0, d2 = 0, d3 = 0, p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;
-    std::size_t i = begin;
-    for (; i + 4 <= end; i += 4) {
-      const double x0 = a[i], x1 = a[i + 1], x2 = a[i + 2], x3 = a[i + 3];
-      const double y0 = b[i], y1 = b[i + 1], y2 = b[i + 2], y3 = b[i + 3];
-      d0 += x0 * y0, d1 += x1 * y1, d2 += x2 * y2, d3 += x3 * y3;
-      p0 += x0 * x0, p1 += x1 * x1, p2 += x2 * x2, p3 += x3 * x3;
-      q0 += y0 * y0, q1 += y1 * y1, q2 += y2 * y2, q3 += y3 * y3;
-    }
-    for (; i < end; ++i) {
-      const double x = a[i], y = b[i];
-      d0 += x * y, p0 += x * x, q0 += y * y;
-    }
-    v[0] += (d0 + d1) + (d2 + d3);
-    v[1] += (p0 + p1) + (p2 + p3);
-    v[2] += (q0 + q1) + (q2 + q3);
+    const std::size_t begin = c * kBlock, end = begin + kBlock < n ? begin + kBlock : n;
+    add_block(a, b, begin, end, v);
   }
   KOKKOS_INLINE_FUNCTION void init(value_type v) const { v[0] = v[1] = v[2] = 0.0; }
   KOKKOS_INLINE_FUNCTION void join(value_type dst, const value_type src) const {
@@ -114,7 +123,7 @@ void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, 
     // An array-valued reduction lands in a View of its length: Kokkos 4.0 removed the raw
     // pointer result (3.4 accepts both). Host memory, so the call returns with the sums.
     const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> result(out, kPartials);
-    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.chunks()), f, result);
+    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.blocks()), f, result);
     if (nonfinite_a) (*nonfinite_a)[t] = !std::isfinite(out[1]);
     if (nonfinite_b) (*nonfinite_b)[t] = !std::isfinite(out[2]);
   }

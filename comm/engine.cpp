@@ -585,6 +585,16 @@ void run_local_work(EngineCore& c, Operation& op, Schedule::Step& s, bool last) 
   }
 }
 
+// Work that overlaps the step's transfers; they are in flight, so an error fails the Engine.
+void run_overlap_work(EngineCore& c, Operation& op, Schedule::Step& s) {
+  if (!s.overlap_work) return;
+  try {
+    s.overlap_work();
+  } catch (const std::exception& e) {
+    c.fail_everywhere(std::current_exception(), std::string("error in '") + op.what.label + "': " + e.what());
+  }
+}
+
 void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (op.finished()) return;
   if (op.state == State::checking) {
@@ -605,6 +615,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
     if (!op.step_posted) {
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
       post_step(c, op, s);
+      run_overlap_work(c, op, s);
     }
     int done = 1;
     if (!op.requests.empty())

@@ -1,6 +1,7 @@
 // A composite communication operation, described without MPI types: a list of steps, each a set
 // of point-to-point transfers and/or one collective on a group, followed by local work that runs
-// on the caller's thread once the step's transfers have completed. The Engine runs schedules
+// on the caller's thread once the step's transfers have completed (and, optionally, work that
+// runs while they are in flight: during()). The Engine runs schedules
 // with the same request model as single collectives and translates each step for its backend,
 // so adasum/ and kfac/ never name an MPI type, communicator or request.
 //
@@ -90,7 +91,8 @@ class Schedule {
     std::vector<Transfer> transfers;
     Collective collective;
     std::function<void()> local_work;
-    void* stream = nullptr;  ///< CUDA stream of the caller's instance, for device buffers
+    std::function<void()> overlap_work;  ///< runs once the transfers are posted, before they complete
+    void* stream = nullptr;              ///< CUDA stream of the caller's instance, for device buffers
     bool device() const {
       bool d = collective.out.device || collective.in.device;
       for (const auto& t : transfers) d = d || t.buffer.device;
@@ -133,6 +135,14 @@ class Schedule {
   /// expect nothing more from it); from an earlier step it fails the Engine on every rank.
   Schedule& then(std::function<void()> work) {
     current().local_work = std::move(work);
+    return *this;
+  }
+
+  /// Local work that runs as soon as this step's transfers are posted, while they are in flight
+  /// (computing on what an earlier step received while this step's data moves). It must not
+  /// touch this step's buffers. An exception fails the Engine on every rank.
+  Schedule& during(std::function<void()> work) {
+    current().overlap_work = std::move(work);
     return *this;
   }
 

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
     std::size_t small_bytes = kdist::adasum::kDefaultSmallBytes;
     app.add_option("--small-bytes", small_bytes, "automatic: recursive doubling below this many bytes")
         ->capture_default_str();
+    std::size_t chunk_bytes = 0;
+    app.add_option("--chunk-bytes", chunk_bytes, "VHDD exchange chunk (0: adasum::default_chunk_bytes())")
+        ->capture_default_str();
     std::size_t max_bytes = 64u << 20;
     app.add_option("--max-bytes", max_bytes, "largest buffer")->capture_default_str();
     bool no_check = false;
@@ -73,10 +76,10 @@ int main(int argc, char** argv) {
       const int me = world.rank(), P = world.size();
       std::unique_ptr<kdist_bench::Table> table;
       if (part == "time")
-        table.reset(new kdist_bench::Table(
-            "bench_adasum.time",
-            {"bytes", "tensors", "copy_GBs", "read_GBs", "triad_GBs", "MPI_Allreduce_s", "sum_bound_s", "sum/bound",
-             "vhdd_s", "vhdd_bound_s", "vhdd/bound", "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
+        table.reset(new kdist_bench::Table("bench_adasum.time",
+                                           {"bytes", "tensors", "copy_GBs", "read_GBs", "triad_GBs", "MPI_Allreduce_s",
+                                            "sum_bound_s", "sum/bound", "vhdd_unchunked_s", "vhdd_s", "vhdd_bound_s",
+                                            "vhdd/bound", "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
       else
         table.reset(new kdist_bench::Table(
             "bench_adasum.traffic", {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound", "vector_exchanges",
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
       table->context("dtype", "float32");
       table->context("consistency_check", no_check ? "off" : "on");
       table->context("small_bytes", static_cast<long long>(small_bytes));
+      const std::size_t chunk = chunk_bytes ? chunk_bytes : kdist::adasum::default_chunk_bytes();
+      table->context("chunk_bytes", static_cast<long long>(chunk));
       if (me == 0) {
         std::printf("# %s, %d ranks, float32%s\n", part.c_str(), P,
                     part == "time" ? ", medians of max over ranks" : "");
@@ -117,18 +122,20 @@ int main(int argc, char** argv) {
             const double t_mpi = time_median(reps, [&] {
               MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             });
-            auto t_adasum = [&](kdist::adasum::Algorithm a) {
+            auto t_adasum = [&](kdist::adasum::Algorithm a, std::size_t chunk_of = 0) {
               kdist::adasum::Options o;
               o.algorithm = a;
               o.small_bytes = small_bytes;
+              o.chunk_bytes = chunk_of ? chunk_of : chunk;
               return time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); });
             };
-            const double t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
+            const double t_whole = t_adasum(kdist::adasum::Algorithm::vhdd, bytes),
+                         t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
                          t_doubling = t_adasum(kdist::adasum::Algorithm::doubling),
                          t_ada = t_adasum(kdist::adasum::Algorithm::automatic);
             auto ratio = [](double t, double bound) { return bound > 0 ? t / bound : 0.0; };
             table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), bw.copy / 1e9, bw.read / 1e9,
-                        bw.triad / 1e9, t_mpi, sum_bound, ratio(t_mpi, sum_bound), t_vhdd, vhdd_bound,
+                        bw.triad / 1e9, t_mpi, sum_bound, ratio(t_mpi, sum_bound), t_whole, t_vhdd, vhdd_bound,
                         ratio(t_vhdd, vhdd_bound), t_doubling, t_ada, t_ada / t_mpi});
           }
         }
