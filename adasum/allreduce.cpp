@@ -32,6 +32,7 @@
 // contents are unspecified after this error. (Double inputs above ~1e154 in magnitude, whose
 // squared norms overflow, are reported the same way: Adasum's coefficients overflow there too.)
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/comm/shared_window.hpp>
 #include <kdist/core/phase.hpp>
 
 #include <functional>
@@ -102,6 +103,8 @@ class ScratchPool {
 // Schedule tags (< 4096): each step of one all-reduce uses its own.
 constexpr int kTagFold = 1, kTagFoldBad = 2, kTagUnfold = 3, kTagUnfoldBad = 4;
 constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
+constexpr int kTagReady = 2048, kTagGathered = 2112, kTagDone = 2176, kTagNodeReady = 2177, kTagNodeGathered = 2178,
+              kTagNodeDone = 2179;
 
 // The partials of one level's kept range [lo, hi) (offsets into the slice), fed chunk by chunk
 // as the partner's half arrives. Each tensor's piece is summed in kBlock-element blocks counted
@@ -181,8 +184,12 @@ struct State {
   std::vector<double> part, other;
   std::vector<std::vector<double>> node_parts;
   std::vector<double> fold_bad;
-  std::vector<char> bad_a, bad_b;  // non-finite flags of the raw inputs read by a partials step
-  PartialStream<T> stream;         // the partials of the level in progress
+  std::vector<char> bad_a, bad_b;              // non-finite flags of the raw inputs read by a partials step
+  PartialStream<T> stream;                     // the partials of the level in progress
+  const comm::SharedWindow* window = nullptr;  // the data lives in its block; peers read in place
+  char token = 1;                              // the "ready" / "done" messages' payload
+  std::vector<char> tokens_in;                 // one slot per token received in a step
+  T* block(int engine_rank) const { return window ? static_cast<T*>(window->block(engine_rank)) : nullptr; }
 
   // The partials of the whole slice in one pass (the fold, doubling), in the stream's order.
   void whole_partials(const T* a, const T* b) {
@@ -274,6 +281,11 @@ class Builder {
       ++L_;
     }
     q_ = N_ - Pp_;
+    if (s_.window) {
+      node_in_place_ = k_ > 1;
+      for (int l = 0; l < k_ && hier_; ++l) node_in_place_ = node_in_place_ && s_.block(hier_->node_peer(l));
+      s_.tokens_in.assign(static_cast<std::size_t>(std::max(k_, L_ + 1)), 0);
+    }
   }
 
   comm::Schedule build() {
@@ -298,6 +310,7 @@ class Builder {
       } else {
         for (int l = 0; l < L_; ++l) halving_level(l);
         for (int l = L_ - 1; l >= 0; --l) gather_level(l);
+        done_reading(read_me_, kTagDone);
       }
       if (folds_in_) unfold();
     }
@@ -324,11 +337,12 @@ class Builder {
     const std::size_t k = static_cast<std::size_t>(k_);
     s_.m = (s_.n + k - 1) / k;
     s_.g0 = s_.m * static_cast<std::size_t>(s_.local);
+    s_.node_parts.assign(k, std::vector<double>(s_.msg(), 0.0));
+    if (node_in_place_) return node_average_in_place();
     s_.padded.assign(s_.m * k, T(0));
     std::copy(s_.data, s_.data + s_.n, s_.padded.begin());
     s_.slice.assign(s_.m, T(0));
     s_.S = s_.slice.data();
-    s_.node_parts.assign(k, std::vector<double>(s_.msg(), 0.0));
     sched_.step()
         .reduce_scatter(comm::Group::of(hier_->node()), Buffer::host(s_.padded.data(), s_.padded.size()),
                         Buffer::host(s_.slice.data(), s_.m))
@@ -401,6 +415,7 @@ class Builder {
   void halving_level(int l) {
     const int d = 1 << l;
     const int partner = real(v_ ^ d);
+    if (reads_in_place(partner)) return halving_in_place(l, partner);
     const bool lower = (v_ & d) == 0;
     slices_.push_back({lo_, hi_});
     // Level 0 of flat mode reads raw inputs, except those of ranks that folded one in.
@@ -460,6 +475,140 @@ class Builder {
     last_lower_ = lower;
   }
 
+  // ---- in place, through the shared window (the data is this rank's block) -------------------
+  //
+  // Levels whose partner shares the node read its block where it lies. Synchronisation: a rank
+  // tells a partner with a one-byte message (after MPI_Win_sync) that the range the partner will
+  // read is final, and reads only after the partner's message: at the start of a halving level
+  // (its vector after the level before), before a gather level (its piece). Writing is safe
+  // without more: at a halving level a rank writes only its kept half, which its partner does
+  // not read, and only after the partials round with that partner, which follows the partner's
+  // read of the other half; a gather level writes only the half that this level's partner read
+  // long before. Last, every gather partner says it is done reading before the operation
+  // completes, so the caller may write its buffer as soon as wait() returns.
+
+  bool reads_in_place(int peer) const { return s_.window && (k_ == 1 || node_in_place_) && s_.block(peer) != nullptr; }
+  // The partner's copy of this rank's slice: same offsets in its block (same node position).
+  std::size_t slice_offset() const { return static_cast<std::size_t>(s_.S - s_.data); }
+
+  // A step that exchanges one-byte messages with `peers` (after MPI_Win_sync) and syncs again.
+  void tell_and_hear(const std::vector<int>& peers, int tag) {
+    sched_.step().then([st = st_] { st->window->sync(); });
+    sched_.step();
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      sched_.send(peers[i], Buffer::host(&s_.token, 1), tag);
+      sched_.recv(peers[i], Buffer::host(&s_.tokens_in[i], 1), tag);
+    }
+    sched_.then([st = st_] { st->window->sync(); });
+  }
+  void done_reading(const std::vector<int>& peers, int tag) {
+    if (!peers.empty()) tell_and_hear(peers, tag);
+  }
+
+  void halving_in_place(int l, int partner) {
+    const int d = 1 << l;
+    const bool lower = (v_ & d) == 0;
+    slices_.push_back({lo_, hi_});
+    const bool mine_raw = raw_ && l == 0 && v_ >= q_, theirs_raw = raw_ && l == 0 && (v_ ^ d) >= q_;
+    const bool raw_here = mine_raw || theirs_raw;
+    const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
+    const std::size_t mid = lo_ + (hi_ - lo_) / 2;
+    const std::size_t keep_lo = lower ? lo_ : mid, keep_hi = lower ? mid : hi_;
+    const T* theirs = s_.block(partner) + slice_offset() + keep_lo;
+    auto a_b = [lower, keep_lo, theirs](State<T>& st) {
+      const T* mine = st.S + keep_lo;
+      return lower ? std::make_pair(mine, theirs) : std::make_pair(theirs, mine);
+    };
+    tell_and_hear({partner}, kTagReady + l);
+    sched_.then([st = st_, a_b, keep_lo, keep_hi, raw_here, lower, mine_from, theirs_from] {
+      st->window->sync();
+      Phase phase("kdist::adasum::partials");
+      const auto ab = a_b(*st);
+      st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data());
+      st->stream.finish(ab.first, ab.second);
+      if (raw_here) {
+        st->flag_nonfinite();
+        st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+      }
+    });
+    s_.planned.in_place_levels += 1;
+    node_sum(kTagNode + l);
+    sum_partials_over_holders(l);
+    sched_.step().then([st = st_, a_b, keep_lo, keep_hi] {
+      Phase phase("kdist::adasum::apply");
+      const auto ab = a_b(*st);
+      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds,
+            st->part.data());
+    });
+    lo_ = keep_lo;
+    hi_ = keep_hi;
+    last_lower_ = lower;
+  }
+
+  void gather_in_place(int l, int partner) {
+    const std::size_t plo = slices_[static_cast<std::size_t>(l)].first;
+    const std::size_t phi = slices_[static_cast<std::size_t>(l)].second;
+    const std::size_t olo = lo_ == plo ? hi_ : plo, ohi = lo_ == plo ? phi : lo_;  // partner's piece
+    const T* theirs = s_.block(partner) + slice_offset();
+    tell_and_hear({partner}, kTagGathered + l);
+    sched_.then([st = st_, theirs, olo, ohi] {
+      st->window->sync();
+      Phase phase("kdist::adasum::gather");
+      std::copy(theirs + olo, theirs + ohi, st->S + olo);
+    });
+    s_.planned.in_place_levels += 1;
+    read_me_.push_back(partner);
+    lo_ = plo;
+    hi_ = phi;
+  }
+
+  // Hierarchical, in place: this rank's slice of the node average, read from every node peer's
+  // block, written into its own block (a region no peer reads).
+  void node_average_in_place() {
+    std::vector<int> peers;
+    for (int l = 0; l < k_; ++l)
+      if (l != s_.local) peers.push_back(hier_->node_peer(l));
+    std::vector<const T*> blocks;
+    for (int l = 0; l < k_; ++l) blocks.push_back(s_.block(hier_->node_peer(l)));
+    s_.S = s_.data + s_.g0;
+    tell_and_hear(peers, kTagNodeReady);
+    sched_.then([st = st_, blocks] {
+      st->window->sync();
+      Phase phase("kdist::adasum::node_average");
+      const T f = T(1) / static_cast<T>(blocks.size());
+      for (std::size_t i = 0; i < st->m; ++i) {
+        const std::size_t g = st->g0 + i;
+        T x = T(0);
+        if (g < st->n)
+          for (const T* b : blocks) x += b[g];
+        st->S[i] = x * f;
+      }
+    });
+    s_.planned.in_place_levels += 1;
+  }
+
+  // Hierarchical, in place: copy every node peer's slice of the result from its block.
+  void node_gather_in_place() {
+    std::vector<int> peers;
+    std::vector<std::pair<const T*, std::size_t>> slices;  // block and offset of each peer's slice
+    for (int l = 0; l < k_; ++l)
+      if (l != s_.local) {
+        peers.push_back(hier_->node_peer(l));
+        slices.push_back({s_.block(hier_->node_peer(l)), s_.m * static_cast<std::size_t>(l)});
+      }
+    tell_and_hear(peers, kTagNodeGathered);
+    sched_.then([st = st_, slices] {
+      st->window->sync();
+      Phase phase("kdist::adasum::node_gather");
+      for (const auto& sl : slices) {
+        const std::size_t lo = std::min(sl.second, st->n), hi = std::min(sl.second + st->m, st->n);
+        std::copy(sl.first + lo, sl.first + hi, st->data + lo);
+      }
+    });
+    done_reading(peers, kTagNodeDone);
+    s_.planned.in_place_levels += 1;
+  }
+
   // Level l of whole-vector recursive doubling: exchange vectors and non-finite markers with
   // partner v XOR 2^l, then both apply the pair operator with the lower virtual rank's vector as a.
   void doubling_level(int l) {
@@ -515,6 +664,7 @@ class Builder {
   // before it is sent (halving_level applied the first).
   void gather_level(int l) {
     const int partner = real(v_ ^ (1 << l));
+    if (reads_in_place(partner)) return gather_in_place(l, partner);
     const std::size_t plo = slices_[static_cast<std::size_t>(l)].first;
     const std::size_t phi = slices_[static_cast<std::size_t>(l)].second;
     const std::size_t olo = lo_ == plo ? hi_ : plo, ohi = lo_ == plo ? phi : lo_;  // partner's piece
@@ -551,6 +701,7 @@ class Builder {
   void node_gather() {
     if (k_ <= 1) return;
     if (L_ == 0) node_sum(kTagNode + 62);  // one node: still agree on non-finite inputs
+    if (node_in_place_) return node_gather_in_place();
     sched_.step()
         .allgather(comm::Group::of(hier_->node()), Buffer::host(s_.slice.data(), s_.m),
                    Buffer::host(s_.padded.data(), s_.padded.size()))
@@ -562,8 +713,9 @@ class Builder {
   const Topology* hier_;
   comm::Schedule sched_{"adasum"};
   int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
-  bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true;
-  std::size_t chunk_ = 1;  // elements per VHDD chunk
+  bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true, node_in_place_ = false;
+  std::vector<int> read_me_;  // in-place gather partners: they read this rank's block until done
+  std::size_t chunk_ = 1;     // elements per VHDD chunk
   std::size_t lo_ = 0, hi_ = 0;
   std::vector<std::pair<std::size_t, std::size_t>> slices_;  // slice before each level
 };
@@ -574,7 +726,7 @@ namespace impl {
 
 template <class T>
 comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Options& options,
-                             std::function<void()> on_success) {
+                             std::function<void()> on_success, const comm::SharedWindow* window) {
   const Topology* hier = options.hierarchy;
   AdasumCounters* counters = options.counters;
   check_bounds("kdist::adasum::allreduce", layout.bounds, n);
@@ -589,6 +741,9 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   s.tensors = s.bounds.size() - 1;
   s.counters = counters;
   s.on_success = std::move(on_success);
+  if (window && window->engine() != &engine)
+    kdist::impl::throw_invalid("kdist::adasum::allreduce", "the SharedBuffer was made with another Engine");
+  s.window = options.in_place ? window : nullptr;
   s.part.assign(s.msg(), 0.0);
   s.other.assign(s.msg(), 0.0);
   for (std::size_t t = 0; t < s.tensors; ++t) s.bad()[t] = kNoRank;
@@ -604,14 +759,15 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   // Ranks that chunk differently would send messages of different sizes: the chunk is part of
   // the signature whenever it can split a half.
   what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
+  if (s.window) what.label += "/in place";
   what.layout = std::move(layout);
   return engine.submit(std::move(sched), std::move(what));
 }
 
 template comm::Request allreduce_host<float>(comm::Engine&, float*, std::size_t, comm::Layout, const Options&,
-                                             std::function<void()>);
+                                             std::function<void()>, const comm::SharedWindow*);
 template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_t, comm::Layout, const Options&,
-                                              std::function<void()>);
+                                              std::function<void()>, const comm::SharedWindow*);
 
 }  // namespace impl
 

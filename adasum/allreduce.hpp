@@ -26,6 +26,7 @@
 #pragma once
 
 #include <kdist/adasum/operator.hpp>
+#include <kdist/adasum/shared_buffer.hpp>
 #include <kdist/comm/engine.hpp>
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/views.hpp>
@@ -49,6 +50,7 @@ struct AdasumCounters {
   long long partial_reductions = 0;  ///< small reductions of per-tensor partials
   long long partial_bytes_sent = 0;  ///< bytes of partials (and non-finite markers) sent
   long long vector_messages = 0;     ///< messages of vector data sent (one per chunk)
+  long long in_place_levels = 0;     ///< levels and node phases that read a peer's block in place
 };
 
 /// Node structure for hierarchical Adasum: the node-local and cross-node groups of one Engine
@@ -91,6 +93,9 @@ struct Options {
   /// chunk's partials while the next one moves; the last level applies chunk by chunk while the
   /// all-gather sends. The result does not depend on it, bit for bit; ranks must agree on it.
   std::size_t chunk_bytes = 0;
+  /// With a SharedBuffer: read the blocks of peers on this node in place (zero-copy); false runs
+  /// the same buffer through MPI. Ranks must agree (the signature says which path).
+  bool in_place = true;
   const Topology* hierarchy = nullptr;  ///< nullptr: flat; hierarchical calls always run VHDD
   AdasumCounters* counters = nullptr;
 };
@@ -106,7 +111,7 @@ namespace impl {
 /// runs as its last local work.
 template <class T>
 comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm::Layout layout, const Options& options,
-                             std::function<void()> on_success);
+                             std::function<void()> on_success, const comm::SharedWindow* window = nullptr);
 }  // namespace impl
 
 /// In place on a rank-1 contiguous view with tensor boundaries `bounds` (offsets 0 ... n; {0} for
@@ -126,6 +131,17 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
   if (h.data() != v.data()) copy_back = [h, v, exec] { Kokkos::deep_copy(exec, v, h); };
   return impl::allreduce_host<T>(engine, h.data(), h.extent(0), comm::Layout{std::move(bounds), std::move(labels)},
                                  options, std::move(copy_back));
+}
+
+/// In place on a SharedBuffer: levels (and, hierarchical, node phases) whose peer shares the node
+/// read its block where it lies instead of receiving a copy (Options::in_place; allreduce.cpp
+/// says how the levels synchronise). Equal to the copying path bit for bit, flat or with nodes
+/// of two; the buffer may be written again once the request completes. `buffer` must outlive it.
+template <class T>
+comm::Request allreduce(comm::Engine& engine, SharedBuffer<T>& buffer, std::vector<std::size_t> bounds,
+                        std::vector<std::string> labels, const Options& options) {
+  return impl::allreduce_host<T>(engine, buffer.data(), buffer.size(),
+                                 comm::Layout{std::move(bounds), std::move(labels)}, options, {}, &buffer.window());
 }
 
 /// The same with the algorithm chosen automatically (flat calls below kDefaultSmallBytes by doubling).

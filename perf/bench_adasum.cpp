@@ -12,6 +12,8 @@
 // i.e. time >= 2 (2 n') / copy + 3 n' / triad, plus 2 n' / read for Adasum: the extra pass. A
 // receive counted as one copy is generous to MPI's shared-memory path (two copies through its
 // cells) and exact for a zero-copy one; the network is not in the bound.
+// In place (in_place_s, a SharedBuffer read where it lies by ranks on one node): the same minus
+// both receive copies, plus the all-gather's one copy: 2 n' / copy + 3 n' / triad + 2 n' / read.
 //   mpiexec -n 2 bench_adasum [--reps N] [--json FILE]
 //   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
 #include <CLI/CLI.hpp>
@@ -76,10 +78,11 @@ int main(int argc, char** argv) {
       const int me = world.rank(), P = world.size();
       std::unique_ptr<kdist_bench::Table> table;
       if (part == "time")
-        table.reset(new kdist_bench::Table("bench_adasum.time",
-                                           {"bytes", "tensors", "copy_GBs", "read_GBs", "triad_GBs", "MPI_Allreduce_s",
-                                            "sum_bound_s", "sum/bound", "vhdd_unchunked_s", "vhdd_s", "vhdd_bound_s",
-                                            "vhdd/bound", "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
+        table.reset(new kdist_bench::Table(
+            "bench_adasum.time",
+            {"bytes", "tensors", "copy_GBs", "read_GBs", "triad_GBs", "MPI_Allreduce_s", "sum_bound_s", "sum/bound",
+             "vhdd_unchunked_s", "vhdd_s", "vhdd_bound_s", "vhdd/bound", "in_place_s", "in_place_bound_s",
+             "in_place/bound", "in_place/MPI_Allreduce", "doubling_s", "adasum_s", "adasum/MPI_Allreduce"}));
       else
         table.reset(new kdist_bench::Table(
             "bench_adasum.traffic", {"bytes", "rank", "vector_bytes_sent", "vector_bytes_bound", "vector_exchanges",
@@ -113,6 +116,11 @@ int main(int argc, char** argv) {
           // Reading is never slower than copying per counted byte; the measured reduction can be (it
           // is not vectorised in cache), and a bound must take the faster rate.
           const double vhdd_bound = P == 1 ? 0.0 : sum_bound + 2 * moved / std::max(bw.read, bw.copy);
+          // In place (SharedBuffer): no receive copies; the partials read both halves where they
+          // lie, apply, and the all-gather copies the partners' results (one copy of n').
+          const double in_place_bound =
+              P == 1 ? 0.0 : 2 * moved / bw.copy + 3 * moved / bw.triad + 2 * moved / std::max(bw.read, bw.copy);
+          kdist::adasum::SharedBuffer<float> shared(engine, n);
           std::vector<float> a(n), b(n);
           Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> bv(b.data(), n);
           for (std::size_t tensors : {std::size_t(1), std::size_t(64)}) {
@@ -129,6 +137,13 @@ int main(int argc, char** argv) {
               o.chunk_bytes = chunk_of ? chunk_of : chunk;
               return time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); });
             };
+            for (std::size_t i = 0; i < n; ++i) shared.data()[i] = a[i];
+            const double t_in_place = time_median(reps, [&] {
+              kdist::adasum::Options o;
+              o.algorithm = kdist::adasum::Algorithm::vhdd;
+              o.chunk_bytes = chunk;
+              kdist::adasum::allreduce(engine, shared, bounds, {}, o).wait();
+            });
             const double t_whole = t_adasum(kdist::adasum::Algorithm::vhdd, bytes),
                          t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
                          t_doubling = t_adasum(kdist::adasum::Algorithm::doubling),
@@ -136,7 +151,8 @@ int main(int argc, char** argv) {
             auto ratio = [](double t, double bound) { return bound > 0 ? t / bound : 0.0; };
             table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), bw.copy / 1e9, bw.read / 1e9,
                         bw.triad / 1e9, t_mpi, sum_bound, ratio(t_mpi, sum_bound), t_whole, t_vhdd, vhdd_bound,
-                        ratio(t_vhdd, vhdd_bound), t_doubling, t_ada, t_ada / t_mpi});
+                        ratio(t_vhdd, vhdd_bound), t_in_place, in_place_bound, ratio(t_in_place, in_place_bound),
+                        t_in_place / t_mpi, t_doubling, t_ada, t_ada / t_mpi});
           }
         }
       } else {

@@ -367,6 +367,67 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or with nodes, the same bits as a view",
+                   "[adasum][mpi]", float, double) {
+  using T = TestType;
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const auto bounds = bounds_of({5, 0, 130, 1, 64, 300, 0, 77, 129});
+  const std::size_t n = bounds.back();
+  adasum::SharedBuffer<T> buf(eng, n);
+  REQUIRE(buf.size() == n);
+  std::unique_ptr<adasum::Topology> pairs(P % 2 == 0 && P > 2 ? new adasum::Topology(eng, 2) : nullptr);
+  int pow2 = 1;
+  while (pow2 * 2 <= P) pow2 *= 2;
+  std::vector<const adasum::Topology*> layouts{nullptr};  // flat, and nodes of two where P allows
+  if (pairs) layouts.push_back(pairs.get());
+  for (unsigned seed : {41u, 42u}) {  // twice: the buffer is written again right after completion
+    const Vec x = input<T>(me, n, seed);
+    for (const adasum::Topology* hierarchy : layouts) {
+      adasum::Options o;
+      o.algorithm = adasum::Algorithm::vhdd;
+      o.hierarchy = hierarchy;
+      auto v = view_of<T>(x);
+      adasum::allreduce(TestExec(), eng, v, bounds, {}, o).wait();
+      const auto ref = to_host(v);
+      for (bool in_place : {true, false})
+        for (std::size_t chunk : {std::size_t(0), std::size_t(7)}) {
+          o.in_place = in_place;
+          o.chunk_bytes = chunk * sizeof(T);
+          adasum::AdasumCounters c;
+          o.counters = &c;
+          auto h = buf.view();
+          for (std::size_t i = 0; i < n; ++i) h(i) = static_cast<T>(x[i]);
+          adasum::allreduce(eng, buf, bounds, {}, o).wait();
+          INFO("P " << P << (hierarchy ? " nodes of 2" : " flat") << (in_place ? ", in place" : ", through MPI")
+                    << ", chunk " << chunk << ": " << c.in_place_levels << " levels in place");
+          CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(T)) == 0);
+          // Which path ran: every level reads in place when ranks share the node (they do under
+          // mpiexec here), none when in_place is off; nothing is sent for an in-place level.
+          const bool shares = buf.window().node_size() == P;
+          const bool folded_away = me < 2 * (P - pow2) && me % 2 == 1;  // takes part in no level
+          if (in_place && shares && P > 1 && (!folded_away || hierarchy)) CHECK(c.in_place_levels > 0);
+          if (!in_place) CHECK(c.in_place_levels == 0);
+          if (in_place && shares && P == pow2 && !hierarchy) CHECK(c.vector_bytes_sent == 0);
+        }
+    }
+  }
+  // NaN on the last rank, in place: every rank names the tensor and the rank.
+  auto h = buf.view();
+  const Vec x = input<T>(me, n, 43);
+  for (std::size_t i = 0; i < n; ++i) h(i) = static_cast<T>(x[i]);
+  if (me == P - 1) h(bounds[5] + 3) = std::numeric_limits<T>::quiet_NaN();
+  adasum::Options o;
+  o.algorithm = adasum::Algorithm::vhdd;
+  CHECK_THROWS_WITH(adasum::allreduce(eng, buf, bounds, {}, o).wait(),
+                    Catch::Contains("tensor 5") && Catch::Contains("rank " + std::to_string(P - 1)));
+  if (P > 1) {
+    // Ranks that ask for different sizes get an error on every rank.
+    CHECK_THROWS_AS(adasum::SharedBuffer<T>(eng, me == 0 ? 10 : 11), kdist::InvalidArgument);
+  }
+}
+
 TEST_CASE("Adasum: the default chunk comes from the L2 cache size", "[adasum]") {
   const std::size_t c = adasum::default_chunk_bytes();
   CHECK(c >= (64u << 10));

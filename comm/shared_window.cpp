@@ -1,0 +1,67 @@
+#include <kdist/comm/shared_window.hpp>
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+namespace kdist {
+namespace comm {
+
+struct SharedWindow::Impl {
+  Communicator node;
+  MPI_Win win = MPI_WIN_NULL;
+  explicit Impl(Communicator c) : node(std::move(c)) {}
+};
+
+namespace {
+// Every rank asks for the same size, or every rank throws (the Engine's checked max of [b, -b]).
+void agree_on_bytes(Engine& engine, std::size_t bytes) {
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> v("kdist::comm::SharedWindow bytes", 2);
+  v(0) = static_cast<std::int64_t>(bytes);
+  v(1) = -static_cast<std::int64_t>(bytes);
+  engine.allreduce(Kokkos::DefaultHostExecutionSpace(), v, ReduceOp::max, "shared_window/bytes").wait();
+  if (v(0) != -v(1))
+    kdist::impl::throw_invalid("kdist::comm::SharedWindow", "ranks ask for different sizes: " + std::to_string(-v(1)) +
+                                                                " to " + std::to_string(v(0)) + " bytes (rank " +
+                                                                std::to_string(engine.rank()) + " asks " +
+                                                                std::to_string(bytes) + ")");
+}
+}  // namespace
+
+SharedWindow::SharedWindow(Engine& engine, std::size_t bytes)
+    : engine_(&engine), bytes_(bytes), engine_rank_(engine.rank()) {
+  agree_on_bytes(engine, bytes);
+  impl_.reset(new Impl(engine.node_group()));
+  const Communicator& node = impl_->node;
+  node_size_ = node.size();
+  void* base = nullptr;
+  // Size 0 is legal for MPI; one byte keeps every block's address distinct and queryable.
+  impl::check_mpi(MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes > 0 ? bytes : 1), 1, MPI_INFO_NULL, node.raw(),
+                                          &base, &impl_->win),
+                  "MPI_Win_allocate_shared", engine_rank_);
+  impl::check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, impl_->win), "MPI_Win_lock_all", engine_rank_);
+  blocks_.assign(static_cast<std::size_t>(engine.size()), nullptr);
+  for (int l = 0; l < node_size_; ++l) {
+    MPI_Aint size = 0;
+    int unit = 1;
+    void* p = nullptr;
+    impl::check_mpi(MPI_Win_shared_query(impl_->win, l, &size, &unit, &p), "MPI_Win_shared_query", engine_rank_);
+    blocks_[static_cast<std::size_t>(node.rank_in(engine.communicator(), l))] = p;
+  }
+}
+
+SharedWindow::~SharedWindow() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || impl_->win == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(impl_->win);
+  MPI_Win_free(&impl_->win);
+}
+
+void SharedWindow::sync() const {
+  impl::check_mpi(MPI_Win_sync(impl_->win), "MPI_Win_sync", engine_rank_);
+}
+
+}  // namespace comm
+}  // namespace kdist
