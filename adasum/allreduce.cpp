@@ -409,70 +409,109 @@ class Builder {
     });
   }
 
-  // Level l of vector halving, distance doubling: exchange halves with partner v XOR 2^l in
-  // chunks, form the partials of the kept half chunk by chunk (each while the next chunk moves),
-  // sum them over the 2^(l+1) holders, apply (at the last level chunk by chunk, see gather_level).
-  void halving_level(int l) {
+  // One halving level: the partner, which half this rank keeps, and where raw inputs came from.
+  struct Level {
+    int l, partner;
+    bool lower, raw_here;
+    double mine_from, theirs_from;
+    std::size_t keep_lo, keep_hi, send_lo, send_hi;
+  };
+  Level plan_level(int l) {
     const int d = 1 << l;
-    const int partner = real(v_ ^ d);
-    if (reads_in_place(partner)) return halving_in_place(l, partner);
-    const bool lower = (v_ & d) == 0;
-    slices_.push_back({lo_, hi_});
+    Level lv;
+    lv.l = l;
+    lv.partner = real(v_ ^ d);
+    lv.lower = (v_ & d) == 0;
     // Level 0 of flat mode reads raw inputs, except those of ranks that folded one in.
     const bool mine_raw = raw_ && l == 0 && v_ >= q_, theirs_raw = raw_ && l == 0 && (v_ ^ d) >= q_;
-    const bool raw_here = mine_raw || theirs_raw;
-    const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
+    lv.raw_here = mine_raw || theirs_raw;
+    lv.mine_from = mine_raw ? me_ : kNoRank;
+    lv.theirs_from = theirs_raw ? lv.partner : kNoRank;
     const std::size_t mid = lo_ + (hi_ - lo_) / 2;
-    const std::size_t keep_lo = lower ? lo_ : mid, keep_hi = lower ? mid : hi_;
-    const std::size_t send_lo = lower ? mid : lo_, send_hi = lower ? hi_ : mid;
-    // a is the lower virtual rank's vector; the partner's piece lands in tmp.
-    auto a_b = [lower, keep_lo](State<T>& st) {
+    lv.keep_lo = lv.lower ? lo_ : mid;
+    lv.keep_hi = lv.lower ? mid : hi_;
+    lv.send_lo = lv.lower ? mid : lo_;
+    lv.send_hi = lv.lower ? hi_ : mid;
+    slices_.push_back({lo_, hi_});
+    return lv;
+  }
+
+  // Level l of vector halving, distance doubling, with partner v XOR 2^l: form the partials of
+  // the kept half (the partner's piece received in chunks, each summed while the next moves, or
+  // read in place), sum them over the 2^(l+1) holders, apply (at the last level chunk by chunk,
+  // see gather_level).
+  void halving_level(int l) {
+    const Level lv = plan_level(l);
+    const bool in_place = reads_in_place(lv.partner);
+    // a is the lower virtual rank's vector; the partner's piece is in tmp or its block.
+    const T* theirs = in_place ? s_.block(lv.partner) + slice_offset() + lv.keep_lo : nullptr;
+    auto a_b = [lower = lv.lower, keep_lo = lv.keep_lo, theirs](State<T>& st) {
       const T* mine = st.S + keep_lo;
-      return lower ? std::make_pair(mine, static_cast<const T*>(st.tmp())) : std::make_pair(st.tmp(), mine);
+      const T* other = theirs ? theirs : st.tmp();
+      return lower ? std::make_pair(mine, other) : std::make_pair(other, mine);
     };
-    const std::size_t K = chunk_, keep_n = keep_hi - keep_lo, send_n = send_hi - send_lo;
+    if (in_place) {
+      tell_and_hear({lv.partner}, kTagReady + l);
+      sched_.then([st = st_, keep_lo = lv.keep_lo, keep_hi = lv.keep_hi] {
+        st->window->sync();
+        st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data());
+      });
+      sched_.step();
+      s_.planned.in_place_levels += 1;
+    } else {
+      receive_in_chunks(lv, a_b);
+    }
+    sched_.then([st = st_, a_b, lv] {
+      Phase phase("kdist::adasum::partials");
+      const auto ab = a_b(*st);
+      st->stream.finish(ab.first, ab.second);
+      if (lv.raw_here) {
+        st->flag_nonfinite();
+        st->attribute(lv.lower ? lv.mine_from : lv.theirs_from, lv.lower ? lv.theirs_from : lv.mine_from);
+      }
+    });
+    node_sum(kTagNode + l);
+    sum_partials_over_holders(l);
+    // The last level applies its first chunk here and the rest while the all-gather sends.
+    const std::size_t keep_n = lv.keep_hi - lv.keep_lo;
+    const std::size_t apply_n = l == L_ - 1 && !in_place ? std::min(chunk_, keep_n) : keep_n;
+    sched_.step().then([st = st_, a_b, keep_lo = lv.keep_lo, apply_n] {
+      Phase phase("kdist::adasum::apply");
+      const auto ab = a_b(*st);
+      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
+    });
+    lo_ = lv.keep_lo;
+    hi_ = lv.keep_hi;
+    last_lower_ = lv.lower;
+  }
+
+  // The exchange of halves in chunks; the partials of each received chunk are summed while the
+  // next one moves (the last chunk's by the step that follows).
+  template <class AB>
+  void receive_in_chunks(const Level& lv, AB a_b) {
+    const std::size_t K = chunk_, keep_n = lv.keep_hi - lv.keep_lo, send_n = lv.send_hi - lv.send_lo;
     const std::size_t chunks = std::max<std::size_t>({1, (keep_n + K - 1) / K, (send_n + K - 1) / K});
     for (std::size_t c = 0; c < chunks; ++c) {
       sched_.step();
       const std::size_t s0 = std::min(c * K, send_n), s1 = std::min(s0 + K, send_n);
       const std::size_t r0 = std::min(c * K, keep_n), r1 = std::min(r0 + K, keep_n);
-      if (s1 > s0) sched_.send(partner, Buffer::host(s_.S + send_lo + s0, s1 - s0), kTagHalve + l);
-      if (r1 > r0) sched_.recv(partner, Buffer::host(s_.tmp() + r0, r1 - r0), kTagHalve + l);
+      if (s1 > s0) sched_.send(lv.partner, Buffer::host(s_.S + lv.send_lo + s0, s1 - s0), kTagHalve + lv.l);
+      if (r1 > r0) sched_.recv(lv.partner, Buffer::host(s_.tmp() + r0, r1 - r0), kTagHalve + lv.l);
       if (s1 > s0) s_.planned.vector_messages += 1;
       if (c == 0) {
-        sched_.during(
-            [st = st_, keep_lo, keep_hi] { st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data()); });
+        sched_.during([st = st_, keep_lo = lv.keep_lo, keep_hi = lv.keep_hi] {
+          st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data());
+        });
       } else {  // the chunk before has arrived: sum it while this one moves
-        sched_.during([st = st_, a_b, upto = keep_lo + r0] {
+        sched_.during([st = st_, a_b, upto = lv.keep_lo + r0] {
           Phase phase("kdist::adasum::partials");
           const auto ab = a_b(*st);
           st->stream.feed(ab.first, ab.second, upto);
         });
       }
     }
-    sched_.then([st = st_, a_b, raw_here, lower, mine_from, theirs_from] {
-      Phase phase("kdist::adasum::partials");
-      const auto ab = a_b(*st);
-      st->stream.finish(ab.first, ab.second);
-      if (raw_here) {
-        st->flag_nonfinite();
-        st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
-      }
-    });
     s_.planned.vector_bytes_sent += static_cast<long long>(send_n) * sizeof(T);
     s_.planned.vector_exchanges += 1;
-    node_sum(kTagNode + l);
-    sum_partials_over_holders(l);
-    // The last level applies its first chunk here and the rest while the all-gather sends.
-    const std::size_t apply_n = l == L_ - 1 ? std::min(K, keep_n) : keep_n;
-    sched_.step().then([st = st_, a_b, keep_lo, apply_n] {
-      Phase phase("kdist::adasum::apply");
-      const auto ab = a_b(*st);
-      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
-    });
-    lo_ = keep_lo;
-    hi_ = keep_hi;
-    last_lower_ = lower;
   }
 
   // ---- in place, through the shared window (the data is this rank's block) -------------------
@@ -491,7 +530,8 @@ class Builder {
   // The partner's copy of this rank's slice: same offsets in its block (same node position).
   std::size_t slice_offset() const { return static_cast<std::size_t>(s_.S - s_.data); }
 
-  // A step that exchanges one-byte messages with `peers` (after MPI_Win_sync) and syncs again.
+  // A step that exchanges one-byte messages with `peers` after MPI_Win_sync; its local work
+  // (the caller's then(), which syncs again before reading) runs once every peer's has come.
   void tell_and_hear(const std::vector<int>& peers, int tag) {
     sched_.step().then([st = st_] { st->window->sync(); });
     sched_.step();
@@ -499,50 +539,9 @@ class Builder {
       sched_.send(peers[i], Buffer::host(&s_.token, 1), tag);
       sched_.recv(peers[i], Buffer::host(&s_.tokens_in[i], 1), tag);
     }
-    sched_.then([st = st_] { st->window->sync(); });
   }
   void done_reading(const std::vector<int>& peers, int tag) {
     if (!peers.empty()) tell_and_hear(peers, tag);
-  }
-
-  void halving_in_place(int l, int partner) {
-    const int d = 1 << l;
-    const bool lower = (v_ & d) == 0;
-    slices_.push_back({lo_, hi_});
-    const bool mine_raw = raw_ && l == 0 && v_ >= q_, theirs_raw = raw_ && l == 0 && (v_ ^ d) >= q_;
-    const bool raw_here = mine_raw || theirs_raw;
-    const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
-    const std::size_t mid = lo_ + (hi_ - lo_) / 2;
-    const std::size_t keep_lo = lower ? lo_ : mid, keep_hi = lower ? mid : hi_;
-    const T* theirs = s_.block(partner) + slice_offset() + keep_lo;
-    auto a_b = [lower, keep_lo, theirs](State<T>& st) {
-      const T* mine = st.S + keep_lo;
-      return lower ? std::make_pair(mine, theirs) : std::make_pair(theirs, mine);
-    };
-    tell_and_hear({partner}, kTagReady + l);
-    sched_.then([st = st_, a_b, keep_lo, keep_hi, raw_here, lower, mine_from, theirs_from] {
-      st->window->sync();
-      Phase phase("kdist::adasum::partials");
-      const auto ab = a_b(*st);
-      st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data());
-      st->stream.finish(ab.first, ab.second);
-      if (raw_here) {
-        st->flag_nonfinite();
-        st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
-      }
-    });
-    s_.planned.in_place_levels += 1;
-    node_sum(kTagNode + l);
-    sum_partials_over_holders(l);
-    sched_.step().then([st = st_, a_b, keep_lo, keep_hi] {
-      Phase phase("kdist::adasum::apply");
-      const auto ab = a_b(*st);
-      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, keep_hi - keep_lo, st->bounds,
-            st->part.data());
-    });
-    lo_ = keep_lo;
-    hi_ = keep_hi;
-    last_lower_ = lower;
   }
 
   void gather_in_place(int l, int partner) {

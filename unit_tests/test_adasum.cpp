@@ -286,6 +286,11 @@ TEST_CASE("Adasum: automatic takes doubling below small_bytes, the two agree to 
   }
 }
 
+// Tensors of 0 to 300 elements, so that blocks, chunks and halves end inside and between them.
+std::vector<std::size_t> awkward_bounds() {
+  return bounds_of({5, 0, 130, 1, 64, 300, 0, 77, 129});
+}
+
 // The two halves' partials of a 2-rank VHDD, each summed by partials() on the host space in one
 // pass and then added: what the unchunked exchange computed before chunking existed.
 template <class T>
@@ -311,7 +316,7 @@ TEMPLATE_TEST_CASE(
   const int P = world.size(), me = world.rank();
   // 64-element blocks and chunk ends of 3, 7, 64 and 100 elements fall inside tensors, at their
   // ends and across empty ones; the largest chunk covers every half (one message per exchange).
-  const auto bounds = bounds_of({5, 0, 130, 1, 64, 300, 0, 77, 129});
+  const auto bounds = awkward_bounds();
   const std::size_t n = bounds.back();
   const Vec x = input<T>(me, n, 31);
   std::unique_ptr<adasum::Topology> pairs(P % 2 == 0 ? new adasum::Topology(eng, 2) : nullptr);
@@ -373,7 +378,7 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
   const int P = world.size(), me = world.rank();
-  const auto bounds = bounds_of({5, 0, 130, 1, 64, 300, 0, 77, 129});
+  const auto bounds = awkward_bounds();
   const std::size_t n = bounds.back();
   adasum::SharedBuffer<T> buf(eng, n);
   REQUIRE(buf.size() == n);
