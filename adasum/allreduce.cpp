@@ -32,6 +32,7 @@
 // contents are unspecified after this error. (Double inputs above ~1e154 in magnitude, whose
 // squared norms overflow, are reported the same way: Adasum's coefficients overflow there too.)
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/adasum/host_kernels.hpp>
 #include <kdist/comm/shared_window.hpp>
 #include <kdist/core/phase.hpp>
 
@@ -47,9 +48,6 @@
 #include <utility>
 
 #include <unistd.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace kdist {
 namespace adasum {
@@ -109,63 +107,6 @@ constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
 constexpr int kTagReady = 2048, kTagGathered = 2112, kTagDone = 2176, kTagNodeReady = 2177, kTagNodeGathered = 2178,
               kTagNodeDone = 2179;
 
-// impl::add_block on the host, with its four lanes as two SSE2 vectors of two doubles: the same
-// multiplies and adds per lane in the same order (no fused multiply-add), so the same bits, at
-// half the instructions (the scalar loop, not memory, bounded the partials pass: 1 ns per pair).
-#if defined(__SSE2__)
-struct Lanes {  // lanes (0, 1) and (2, 3) of the three sums
-  __m128d d01 = _mm_setzero_pd(), d23 = _mm_setzero_pd(), p01 = _mm_setzero_pd(), p23 = _mm_setzero_pd(),
-          q01 = _mm_setzero_pd(), q23 = _mm_setzero_pd();
-  void add(__m128d x01, __m128d x23, __m128d y01, __m128d y23) {
-    d01 = _mm_add_pd(d01, _mm_mul_pd(x01, y01));
-    d23 = _mm_add_pd(d23, _mm_mul_pd(x23, y23));
-    p01 = _mm_add_pd(p01, _mm_mul_pd(x01, x01));
-    p23 = _mm_add_pd(p23, _mm_mul_pd(x23, x23));
-    q01 = _mm_add_pd(q01, _mm_mul_pd(y01, y01));
-    q23 = _mm_add_pd(q23, _mm_mul_pd(y23, y23));
-  }
-  // The scalar tail into lane 0, then the lanes combined as add_block combines them.
-  template <class T>
-  void finish(const T* a, const T* b, std::size_t i, std::size_t end, double* v) const {
-    alignas(16) double d[4], p[4], q[4];
-    _mm_store_pd(d, d01);
-    _mm_store_pd(d + 2, d23);
-    _mm_store_pd(p, p01);
-    _mm_store_pd(p + 2, p23);
-    _mm_store_pd(q, q01);
-    _mm_store_pd(q + 2, q23);
-    for (; i < end; ++i) {
-      const double x = a[i], y = b[i];
-      d[0] += x * y, p[0] += x * x, q[0] += y * y;
-    }
-    v[0] += (d[0] + d[1]) + (d[2] + d[3]);
-    v[1] += (p[0] + p[1]) + (p[2] + p[3]);
-    v[2] += (q[0] + q[1]) + (q[2] + q[3]);
-  }
-};
-inline void add_block_host(const float* a, const float* b, std::size_t begin, std::size_t end, double* v) {
-  Lanes l;
-  std::size_t i = begin;
-  for (; i + 4 <= end; i += 4) {
-    const __m128 x = _mm_loadu_ps(a + i), y = _mm_loadu_ps(b + i);
-    l.add(_mm_cvtps_pd(x), _mm_cvtps_pd(_mm_movehl_ps(x, x)), _mm_cvtps_pd(y), _mm_cvtps_pd(_mm_movehl_ps(y, y)));
-  }
-  l.finish(a, b, i, end, v);
-}
-inline void add_block_host(const double* a, const double* b, std::size_t begin, std::size_t end, double* v) {
-  Lanes l;
-  std::size_t i = begin;
-  for (; i + 4 <= end; i += 4)
-    l.add(_mm_loadu_pd(a + i), _mm_loadu_pd(a + i + 2), _mm_loadu_pd(b + i), _mm_loadu_pd(b + i + 2));
-  l.finish(a, b, i, end, v);
-}
-#else
-template <class T>
-void add_block_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  impl::add_block(a, b, begin, end, v);
-}
-#endif
-
 // The partials of one level's kept range [lo, hi) (offsets into the slice), fed chunk by chunk
 // as the partner's half arrives. Each tensor's piece is summed in kBlock-element blocks counted
 // from the piece's start, and the blocks are added in order to a total carried from chunk to
@@ -207,17 +148,13 @@ class PartialStream {
 
  private:
   static void add_run(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-    if (Host().concurrency() == 1) {
-      for (std::size_t s = begin; s < end; s += impl::kBlock)
-        add_block_host(a, b, s, std::min(s + impl::kBlock, end), v);
-      return;
-    }
+    if (Host().concurrency() == 1) return impl::add_blocks_host(a, b, begin, end, v);
     const std::size_t blocks = (end - begin + impl::kBlock - 1) / impl::kBlock;
     std::vector<double> sums(kPartials * blocks, 0.0);
     double* out = sums.data();
     Kokkos::parallel_for("kdist::adasum::partials", Kokkos::RangePolicy<Host>(0, blocks), [=](const std::size_t k) {
       const std::size_t s = begin + k * impl::kBlock;
-      add_block_host(a, b, s, std::min(s + impl::kBlock, end), out + kPartials * k);
+      impl::add_blocks_host(a, b, s, std::min(s + impl::kBlock, end), out + kPartials * k);
     });
     for (std::size_t k = 0; k < blocks; ++k)
       for (int j = 0; j < kPartials; ++j) v[j] += out[kPartials * k + static_cast<std::size_t>(j)];
@@ -226,6 +163,30 @@ class PartialStream {
   const std::vector<std::size_t>* bounds_ = nullptr;
   double* part_ = nullptr;
 };
+
+// apply() of operator.hpp on host memory with the host kernels (the same bits): out := ca a + cb b
+// over the slice [begin, begin + len) of the global buffer, tensor by tensor; threads, when the
+// host space has them, take runs of 4096 elements.
+template <class T>
+void apply_slice(T* out, const T* a, const T* b, std::size_t begin, std::size_t len,
+                 const std::vector<std::size_t>& bounds, const double* summed) {
+  constexpr std::size_t kRun = 4096;
+  for (std::size_t t = 0; t + 1 < bounds.size(); ++t) {
+    std::size_t lo = 0, hi = 0;
+    if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
+    const double* p = summed + kPartials * t;
+    const double ca = coefficient(p[0], p[1]), cb = coefficient(p[0], p[2]);
+    if (Host().concurrency() == 1) {
+      impl::apply_host(out + lo, a + lo, b + lo, hi - lo, ca, cb);
+      continue;
+    }
+    Kokkos::parallel_for("kdist::adasum::apply", Kokkos::RangePolicy<Host>(0, (hi - lo + kRun - 1) / kRun),
+                         [=](const std::size_t k) {
+                           const std::size_t s = lo + k * kRun, e = std::min(s + kRun, hi);
+                           impl::apply_host(out + s, a + s, b + s, e - s, ca, cb);
+                         });
+  }
+}
 
 // Everything the steps of one all-reduce share. Partials messages hold 3 doubles per tensor
 // (summed) followed by one per tensor: the lowest rank with a non-finite input (min-reduced).
@@ -465,7 +426,7 @@ class Builder {
     if (k_ > 1) s_.planned.partial_reductions += 1;
     sched_.step().then([st = st_] {
       Phase phase("kdist::adasum::apply");
-      apply(Host(), st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data());
+      apply_slice(st->S, st->S, st->tmp(), st->g0, st->m, st->bounds, st->part.data());
     });
   }
 
@@ -538,7 +499,7 @@ class Builder {
     sched_.step().then([st = st_, a_b, keep_lo = lv.keep_lo, apply_n] {
       Phase phase("kdist::adasum::apply");
       const auto ab = a_b(*st);
-      apply(Host(), st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
+      apply_slice(st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
     });
     lo_ = lv.keep_lo;
     hi_ = lv.keep_hi;
@@ -696,7 +657,7 @@ class Builder {
             st->flag_nonfinite();
             st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
           }
-          apply(Host(), mine, a, b, st->g0, st->m, st->bounds, st->part.data());
+          apply_slice(mine, a, b, st->g0, st->m, st->bounds, st->part.data());
         });
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
     s_.planned.vector_exchanges += 1;
@@ -743,8 +704,8 @@ class Builder {
           Phase phase("kdist::adasum::apply");
           T* mine = st->S + lo + next0;
           const T* theirs = st->tmp() + next0;
-          apply(Host(), mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + lo + next0, next1 - next0,
-                st->bounds, st->part.data());
+          apply_slice(mine, lower ? mine : theirs, lower ? theirs : mine, st->g0 + lo + next0, next1 - next0,
+                      st->bounds, st->part.data());
         });
       }
     }

@@ -2,7 +2,8 @@
 // as 64 fused tensors; medians of >= 5 repeats of the maximum over ranks. Both algorithms are
 // timed (vhdd_s, doubling_s); adasum_s is what a caller gets by default (Algorithm::automatic,
 // doubling below --small-bytes) and the last column is its ratio to the sum.
-// Memory-traffic bounds, from copy / read / triad rates measured in the same run at each size with
+// Memory-traffic bounds, from copy / read / triad rates measured in the same run at each size (on
+// arrays of n', the size of the arrays each pass streams) with
 // every rank running them at once (perf/bandwidth.hpp: ranks on one node share the memory bus, as
 // in the collective), for P' = the power of two at or below P and n' = n (1 - 1/P') bytes moved
 // per rank by the halving levels together:
@@ -110,8 +111,10 @@ int main(int argc, char** argv) {
                       one.read / 1e9, one.triad / 1e9);
         for (std::size_t bytes = 256; bytes <= max_bytes; bytes *= 4) {
           const std::size_t n = bytes / sizeof(float);
-          const kdist_bench::Bandwidth bw = kdist_bench::measure_bandwidth<Host>(bytes, reps, MPI_COMM_WORLD);
           const double moved = static_cast<double>(bytes) * (1.0 - 1.0 / Pp);
+          // Rates at the passes' working set: every pass streams arrays of n' (the halves at 2 ranks).
+          const kdist_bench::Bandwidth bw = kdist_bench::measure_bandwidth<Host>(
+              std::max<std::size_t>(static_cast<std::size_t>(moved), 64), reps, MPI_COMM_WORLD);
           const double sum_bound = P == 1 ? 0.0 : 4 * moved / bw.copy + 3 * moved / bw.triad;
           // Reading is never slower than copying per counted byte; the measured reduction can be (it
           // is not vectorised in cache), and a bound must take the faster rate.

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/adasum/calibrate.hpp>
+#include <kdist/adasum/host_kernels.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -160,6 +161,26 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
   TestVector<double> e1("e1", 8), e2("e2", 7);
   REQUIRE_THROWS_AS(adasum::combine(TestExec(), e1, e2, bounds), kdist::InvalidArgument);
   REQUIRE_THROWS_WITH(adasum::combine(TestExec(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
+}
+
+TEMPLATE_TEST_CASE("host kernels (AVX2 where the CPU has it) give the scalar kernels' bits", "[adasum][operator]",
+                   float, double) {
+  using T = TestType;
+  INFO("vectorised: " << adasum::impl::host_kernels_vectorised());
+  const Vec xa = input<T>(0, 1000, 51), xb = input<T>(1, 1000, 51);
+  const std::vector<T> a(xa.begin(), xa.end()), b(xb.begin(), xb.end());
+  for (std::size_t len : {0, 1, 3, 4, 5, 63, 64, 65, 130, 999}) {
+    double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
+    adasum::impl::add_blocks_host(a.data(), b.data(), 1, 1 + len, fast);
+    for (std::size_t s0 = 1; s0 < 1 + len; s0 += adasum::impl::kBlock)
+      adasum::impl::add_block(a.data(), b.data(), s0, std::min(s0 + adasum::impl::kBlock, 1 + len), slow);
+    CHECK(std::memcmp(fast, slow, sizeof fast) == 0);
+    std::vector<T> out_fast(len), out_slow(len);
+    adasum::impl::apply_host(out_fast.data(), a.data() + 1, b.data() + 1, len, 0.73, -1.21);
+    for (std::size_t i = 0; i < len; ++i)
+      out_slow[i] = static_cast<T>(0.73 * static_cast<double>(a[1 + i]) + -1.21 * static_cast<double>(b[1 + i]));
+    CHECK(out_fast == out_slow);
+  }
 }
 
 // ---- the distributed all-reduce ----------------------------------------------------------------
