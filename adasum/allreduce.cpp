@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -206,6 +207,7 @@ struct State {
   std::vector<std::vector<double>> node_parts;
   std::vector<double> fold_bad;
   std::vector<char> bad_a, bad_b;              // non-finite flags of the raw inputs read by a partials step
+  std::vector<char> pack_out, pack_in;         // doubling's messages: the vector, then its markers
   PartialStream<T> stream;                     // the partials of the level in progress
   const comm::SharedWindow* window = nullptr;  // the data lives in its block; peers read in place
   char token = 1;                              // the "ready" / "done" messages' payload
@@ -639,13 +641,22 @@ class Builder {
     const bool raw_here = mine_raw || theirs_raw;
     const double mine_from = mine_raw ? me_ : kNoRank, theirs_from = theirs_raw ? partner : kNoRank;
     const int tensors = static_cast<int>(s_.tensors);
+    // One message a level: the vector and its non-finite markers packed together (every
+    // message costs microseconds of software on a TCP link, more than these bytes do).
+    const std::size_t vec_bytes = s_.m * sizeof(T), bytes = vec_bytes + s_.tensors * sizeof(double);
+    s_.pack_out.resize(bytes);
+    s_.pack_in.resize(bytes);
+    sched_.step().then([st = st_, vec_bytes] {
+      std::memcpy(st->pack_out.data(), st->S, vec_bytes);
+      std::memcpy(st->pack_out.data() + vec_bytes, st->bad(), st->tensors * sizeof(double));
+    });
     sched_.step()
-        .send(partner, Buffer::host(s_.S, s_.m), kTagHalve + l)
-        .send(partner, Buffer::host(s_.bad(), s_.tensors), kTagGather + l)
-        .recv(partner, Buffer::host(s_.tmp(), s_.m), kTagHalve + l)
-        .recv(partner, Buffer::host(s_.other.data(), s_.tensors), kTagGather + l)
-        .then([st = st_, lower, raw_here, mine_from, theirs_from, tensors] {
+        .send(partner, Buffer::host(s_.pack_out.data(), bytes), kTagHalve + l)
+        .recv(partner, Buffer::host(s_.pack_in.data(), bytes), kTagHalve + l)
+        .then([st = st_, lower, raw_here, mine_from, theirs_from, tensors, vec_bytes] {
           Phase phase("kdist::adasum::pair");
+          std::memcpy(st->tmp(), st->pack_in.data(), vec_bytes);
+          std::memcpy(st->other.data(), st->pack_in.data() + vec_bytes, st->tensors * sizeof(double));
           for (int t = 0; t < tensors; ++t)
             st->bad()[t] = std::min(st->bad()[t], st->other[static_cast<std::size_t>(t)]);
           T* mine = st->S;
