@@ -162,6 +162,69 @@ TEST_CASE("composite schedule: ring all-gather with local work between rounds", 
   CHECK(eng.stats().bytes_sent - sent_before == static_cast<long long>(P - 1) * n * 8);
 }
 
+TEST_CASE("composite schedule: during() work runs once per step, after the step before, while its transfers move",
+          "[comm][engine][composite]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  // Three rounds of a ring shift; each round's during() sums what the round before received,
+  // as a chunked exchange does, and the last then() sums the last round's block.
+  const int n = 20, rounds = 3;
+  std::vector<std::vector<double>> in(rounds, std::vector<double>(n));
+  std::vector<double> out(n);
+  for (int i = 0; i < n; ++i) out[i] = me + 0.5 * i;
+  std::vector<std::string> order;
+  double summed = 0;
+  kdist::comm::Schedule s("ring-during");
+  for (int r = 0; r < rounds; ++r) {
+    s.step()
+        .send((me + 1) % P, kdist::comm::Buffer::host(out.data(), n), r)
+        .recv((me + P - 1) % P, kdist::comm::Buffer::host(in[static_cast<std::size_t>(r)].data(), n), r);
+    if (r > 0)
+      s.during([&, r] {
+        order.push_back("during " + std::to_string(r));
+        for (double x : in[static_cast<std::size_t>(r - 1)]) summed += x;
+      });
+    s.then([&, r] { order.push_back("then " + std::to_string(r)); });
+  }
+  s.step().then([&] {
+    for (double x : in[rounds - 1]) summed += x;
+  });
+  eng.submit(
+         std::move(s),
+         {kdist::comm::OpKind::composite, kdist::DType::float64, n, -1, kdist::comm::ReduceOp::sum, "ring-during", {}})
+      .wait();
+  const std::vector<std::string> expected{"then 0", "during 1", "then 1", "during 2", "then 2"};
+  CHECK(order == expected);
+  const int left = (me + P - 1) % P;
+  double ref = 0;
+  for (int i = 0; i < n; ++i) ref += rounds * (left + 0.5 * i);
+  CHECK(summed == ref);
+
+  // An exception in during() fails the operation on every rank, no hang.
+  kdist::comm::Schedule bad("during-throws");
+  double x = 1, y = 0;
+  bad.step()
+      .send((me + 1) % P, kdist::comm::Buffer::host(&x, 1), 7)
+      .recv((me + P - 1) % P, kdist::comm::Buffer::host(&y, 1), 7);
+  bad.during([me] {
+    if (me == 0) throw kdist::InvalidArgument("during-throws: rank 0 fails on purpose");
+  });
+  // Peers wait in a collective that rank 0 never reaches: they hear of its failure there.
+  bad.step().allreduce(kdist::comm::Group::all(), kdist::comm::Buffer::host(&x, 1));
+  if (P > 1) {
+    CHECK_THROWS(eng.submit(std::move(bad), {kdist::comm::OpKind::composite,
+                                             kdist::DType::float64,
+                                             1,
+                                             -1,
+                                             kdist::comm::ReduceOp::sum,
+                                             "during-throws",
+                                             {}})
+                     .wait());
+    CHECK(!eng.healthy());
+  }
+}
+
 TEST_CASE("consistency check: mismatches are caught before data moves, on every rank", "[comm][engine][check]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
