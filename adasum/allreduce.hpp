@@ -89,9 +89,10 @@ std::size_t default_chunk_bytes();
 struct Options {
   Algorithm algorithm = Algorithm::automatic;
   std::size_t small_bytes = kDefaultSmallBytes;  ///< automatic: doubling below this many bytes (flat only)
-  /// VHDD sends each half in chunks of this many bytes (0: default_chunk_bytes()) and sums each
-  /// chunk's partials while the next one moves; the last level applies chunk by chunk while the
-  /// all-gather sends. The result does not depend on it, bit for bit; ranks must agree on it.
+  /// VHDD sends each half in chunks of this many bytes and sums each chunk's partials while the
+  /// next one moves; the last level applies chunk by chunk while the all-gather sends. 0: chunks
+  /// of default_chunk_bytes() to partners on other nodes only (on the node MPI copies on the CPU
+  /// and nothing overlaps). The result does not depend on it, bit for bit; ranks must agree on it.
   std::size_t chunk_bytes = 0;
   /// With a SharedBuffer: read the blocks of peers on this node in place (zero-copy); false runs
   /// the same buffer through MPI. Ranks must agree (the signature says which path).

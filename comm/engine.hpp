@@ -145,6 +145,8 @@ class Engine {
   const Communicator& communicator() const noexcept;
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// True when `rank` shares this rank's shared-memory node (MPI_Comm_split_type at construction).
+  bool shares_node(int rank) const noexcept;
 
   /// In place: v := the reduction of v over all ranks.
   template <class Exec, class V>

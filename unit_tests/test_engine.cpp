@@ -100,6 +100,18 @@ TEST_CASE("send/recv around a ring", "[comm][engine]") {
   CHECK(ok);
 }
 
+TEST_CASE("Engine::shares_node agrees with the shared-memory node communicator", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const Communicator node = world.node();
+  int sharing = 0;
+  for (int r = 0; r < world.size(); ++r) sharing += eng.shares_node(r) ? 1 : 0;
+  CHECK(sharing == node.size());
+  CHECK(eng.shares_node(world.rank()));
+  CHECK(!eng.shares_node(-1));
+  CHECK(!eng.shares_node(world.size()));
+}
+
 TEST_CASE("engine works on node and cross-node sub-communicators", "[comm][engine]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
