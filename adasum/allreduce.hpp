@@ -135,9 +135,14 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
 }
 
 /// In place on a SharedBuffer: levels (and, hierarchical, node phases) whose peer shares the node
-/// read its block where it lies instead of receiving a copy (Options::in_place; allreduce.cpp
-/// says how the levels synchronise). Equal to the copying path bit for bit, flat or with nodes
-/// of two; the buffer may be written again once the request completes. `buffer` must outlive it.
+/// read its block where it lies instead of receiving a copy (Options::in_place). Equal to the
+/// copying path bit for bit, flat or with nodes of two. `buffer` must outlive the request.
+/// Synchronisation: before a rank reads a range of a peer's block, the peer tells it (a one-byte
+/// message after MPI_Win_sync) that the range is final: its vector after the level before, its
+/// piece before a gather level, its input before the node average. A rank writes only ranges no
+/// peer still reads: its kept half, after the partials round with the partner that read the
+/// other half. Every rank that read this rank's block says so before the request completes, so
+/// the buffer may be written again as soon as wait() returns.
 template <class T>
 comm::Request allreduce(comm::Engine& engine, SharedBuffer<T>& buffer, std::vector<std::size_t> bounds,
                         std::vector<std::string> labels, const Options& options) {

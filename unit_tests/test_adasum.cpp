@@ -448,6 +448,12 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
   o.algorithm = adasum::Algorithm::vhdd;
   CHECK_THROWS_WITH(adasum::allreduce(eng, buf, bounds, {}, o).wait(),
                     Catch::Contains("tensor 5") && Catch::Contains("rank " + std::to_string(P - 1)));
+  // An empty SharedBuffer of no tensors (bounds {0}) does nothing, in place or not.
+  adasum::SharedBuffer<T> empty(eng, 0);
+  for (bool in_place : {true, false}) {
+    o.in_place = in_place;
+    adasum::allreduce(eng, empty, {0}, {}, o).wait();
+  }
   if (P > 1) {
     // Ranks that ask for different sizes get an error on every rank.
     CHECK_THROWS_AS(adasum::SharedBuffer<T>(eng, me == 0 ? 10 : 11), kdist::InvalidArgument);
