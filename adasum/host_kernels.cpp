@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #define KDIST_ADASUM_AVX2 1
 #include <immintrin.h>
 #else
