@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
     app.add_option("--small-bytes", small_bytes, "automatic: recursive doubling below this many bytes")
         ->capture_default_str();
     std::size_t chunk_bytes = 0;
-    app.add_option("--chunk-bytes", chunk_bytes, "VHDD exchange chunk (0: adasum::default_chunk_bytes())")
+    app.add_option("--chunk-bytes", chunk_bytes,
+                   "VHDD exchange chunk on every level (0: the library default, adasum::default_chunk_bytes() "
+                   "to partners on other nodes)")
         ->capture_default_str();
     std::size_t max_bytes = 64u << 20;
     app.add_option("--max-bytes", max_bytes, "largest buffer")->capture_default_str();
@@ -93,8 +95,8 @@ int main(int argc, char** argv) {
       table->context("dtype", "float32");
       table->context("consistency_check", no_check ? "off" : "on");
       table->context("small_bytes", static_cast<long long>(small_bytes));
-      const std::size_t chunk = chunk_bytes ? chunk_bytes : kdist::adasum::default_chunk_bytes();
-      table->context("chunk_bytes", static_cast<long long>(chunk));
+      table->context("chunk_bytes", static_cast<long long>(chunk_bytes));
+      table->context("default_chunk_bytes", static_cast<long long>(kdist::adasum::default_chunk_bytes()));
       if (me == 0) {
         std::printf("# %s, %d ranks, float32%s\n", part.c_str(), P,
                     part == "time" ? ", medians of max over ranks" : "");
@@ -137,14 +139,14 @@ int main(int argc, char** argv) {
               kdist::adasum::Options o;
               o.algorithm = a;
               o.small_bytes = small_bytes;
-              o.chunk_bytes = chunk_of ? chunk_of : chunk;
+              o.chunk_bytes = chunk_of ? chunk_of : chunk_bytes;  // 0: the library default
               return time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); });
             };
             for (std::size_t i = 0; i < n; ++i) shared.data()[i] = a[i];
             const double t_in_place = time_median(reps, [&] {
               kdist::adasum::Options o;
               o.algorithm = kdist::adasum::Algorithm::vhdd;
-              o.chunk_bytes = chunk;
+              o.chunk_bytes = chunk_bytes;
               kdist::adasum::allreduce(engine, shared, bounds, {}, o).wait();
             });
             const double t_whole = t_adasum(kdist::adasum::Algorithm::vhdd, bytes),
