@@ -165,6 +165,11 @@ class PartialStream {
   double* part_ = nullptr;
 };
 
+// memcpy that accepts the null pointers of empty buffers (memcpy may not be passed them).
+inline void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 // apply() of operator.hpp on host memory with the host kernels (the same bits): out := ca a + cb b
 // over the slice [begin, begin + len) of the global buffer, tensor by tensor; threads, when the
 // host space has them, take runs of 4096 elements.
@@ -655,16 +660,16 @@ class Builder {
     s_.pack_out.resize(bytes);
     s_.pack_in.resize(bytes);
     sched_.step().then([st = st_, vec_bytes] {
-      std::memcpy(st->pack_out.data(), st->S, vec_bytes);
-      std::memcpy(st->pack_out.data() + vec_bytes, st->bad(), st->tensors * sizeof(double));
+      copy_bytes(st->pack_out.data(), st->S, vec_bytes);
+      copy_bytes(st->pack_out.data() + vec_bytes, st->bad(), st->tensors * sizeof(double));
     });
     sched_.step()
         .send(partner, Buffer::host(s_.pack_out.data(), bytes), kTagHalve + l)
         .recv(partner, Buffer::host(s_.pack_in.data(), bytes), kTagHalve + l)
         .then([st = st_, lower, raw_here, mine_from, theirs_from, tensors, vec_bytes] {
           Phase phase("kdist::adasum::pair");
-          std::memcpy(st->tmp(), st->pack_in.data(), vec_bytes);
-          std::memcpy(st->other.data(), st->pack_in.data() + vec_bytes, st->tensors * sizeof(double));
+          copy_bytes(st->tmp(), st->pack_in.data(), vec_bytes);
+          copy_bytes(st->other.data(), st->pack_in.data() + vec_bytes, st->tensors * sizeof(double));
           for (int t = 0; t < tensors; ++t)
             st->bad()[t] = std::min(st->bad()[t], st->other[static_cast<std::size_t>(t)]);
           T* mine = st->S;
