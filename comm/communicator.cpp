@@ -102,6 +102,14 @@ int Communicator::node_color(int node_size, int* local_rank, int* local_size) co
   return leader;
 }
 
+std::vector<int> Communicator::node_ids() const {
+  int local_rank = 0, local_size = 0;
+  int id = node_color(0, &local_rank, &local_size);
+  std::vector<int> ids(static_cast<std::size_t>(size_));
+  impl::check_mpi(MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, *comm_), "MPI_Allgather", rank_);
+  return ids;
+}
+
 Communicator Communicator::node(int node_size) const {
   int local_rank = 0, local_size = 0;
   const int color = node_color(node_size, &local_rank, &local_size);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #if KDIST_ENABLE_NCCL
 #include <kdist/comm/impl/nccl_backend.hpp>
@@ -50,6 +51,9 @@ class Communicator {
   /// every rank must make the first call). Pass the Kokkos instance's cuda_stream() to its calls.
   nccl::Comm& nccl() const;
 #endif
+
+  /// For every rank, its shared-memory node's id (the lowest rank there). Collective, like node().
+  std::vector<int> node_ids() const;
 
   /// Rank in `other` of this communicator's rank `r` (MPI_UNDEFINED if not a member).
   int rank_in(const Communicator& other, int r) const;

@@ -730,19 +730,6 @@ void shutdown(EngineCore& c) {
 
 // ---- Engine ---------------------------------------------------------------------------------
 
-namespace {
-// Which shared-memory node each rank is on (the lowest rank there names it), once per Engine.
-void map_nodes(EngineCore& c) {
-  MPI_Comm node = MPI_COMM_NULL;
-  c.ok(MPI_Comm_split_type(c.payload, MPI_COMM_TYPE_SHARED, c.rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-  int id = c.rank;
-  c.ok(MPI_Allreduce(MPI_IN_PLACE, &id, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce (node id)");
-  MPI_Comm_free(&node);
-  c.node_of.assign(static_cast<std::size_t>(c.size), 0);
-  c.ok(MPI_Allgather(&id, 1, MPI_INT, c.node_of.data(), 1, MPI_INT, c.payload), "MPI_Allgather (node ids)");
-}
-}  // namespace
-
 Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::make_shared<EngineCore>(comm)) {
   EngineCore& c = *core_;
   c.options = options;
@@ -772,7 +759,7 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   c.ok(MPI_Comm_get_attr(c.p2p, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr");
   const long long tag_ub = flag ? *static_cast<int*>(attr) : 32767;
   c.tag_blocks = static_cast<int>(std::max(2LL, (tag_ub + 1) / Schedule::kMaxTag));
-  map_nodes(c);
+  c.node_of = comm.node_ids();  // which ranks share a node, once per Engine
 #if KDIST_ENABLE_NCCL
   c.nccl = nccl::bootstrap(c.payload);  // collective, like the constructor
 #endif
