@@ -457,6 +457,12 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
   if (P > 1) {
     // Ranks that ask for different sizes get an error on every rank.
     CHECK_THROWS_AS(adasum::SharedBuffer<T>(eng, me == 0 ? 10 : 11), kdist::InvalidArgument);
+    // Ranks that disagree on reading in place get the Engine's mismatch on every rank, no hang,
+    // before anyone reads a peer's block (the last use of this Engine: it refuses work after).
+    adasum::Options mixed;
+    mixed.algorithm = adasum::Algorithm::vhdd;
+    mixed.in_place = me != P - 1;
+    CHECK_THROWS_WITH(adasum::allreduce(eng, buf, bounds, {}, mixed).wait(), Catch::Contains("in place"));
   }
 }
 
