@@ -3,6 +3,7 @@
 // buffers are raw host scratch and whose local work runs on the caller's thread, stays on the host.
 #include <catch2/catch.hpp>
 #include <kdist/comm/engine.hpp>
+#include <kdist/comm/impl/signature_check.hpp>
 
 #include <chrono>
 #include <numeric>
@@ -295,6 +296,60 @@ TEST_CASE("consistency check: mismatches are caught before data moves, on every 
                                Catch::Contains("broadcast 'B'"));
     }
   }
+}
+
+TEST_CASE("consistency check: a mismatch with later checks in flight leaves nothing for the next Engine",
+          "[comm][engine][check]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  {
+    Engine eng(world);
+    TestVector<double> a("A", 4), b("B", 4), c("C", 4);
+    // Rank 0 starts three checks before the others start one: the drain must match all of them.
+    // The mismatch is raised by whichever call finds it (a submit or a wait) on every rank.
+    if (me != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    bool raised = false;
+    try {
+      std::vector<kdist::comm::Request> r;
+      r.push_back(eng.allreduce(TestExec(), a, ReduceOp::sum, me == 0 ? "A" : "X"));
+      if (me == 0) {
+        r.push_back(eng.allreduce(TestExec(), b, ReduceOp::sum, "B"));
+        r.push_back(eng.allreduce(TestExec(), c, ReduceOp::sum, "C"));
+      }
+      for (auto& x : r) x.wait();
+    } catch (const kdist::comm::MismatchError& e) {
+      raised = std::string(e.what()).find("operation #0") != std::string::npos;
+    }
+    CHECK(raised);
+  }
+  Engine next(world);
+  auto v = vector_of<double>("v", 8, [](long long) { return 1.0; });
+  next.allreduce(TestExec(), v, ReduceOp::sum, "v").wait();
+  CHECK(to_host(v)(7) == static_cast<double>(P));
+}
+
+TEST_CASE("the signature check is an exact MAX all-reduce, checks started together finish in order",
+          "[comm][engine][check]") {
+  using kdist::comm::impl::SignatureCheck;
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  MPI_Comm dup;
+  MPI_Comm_dup(world.raw(), &dup);
+  const SignatureCheck::Wire wire{dup, me, P, 42};
+  constexpr int K = 3, V = SignatureCheck::kValues;
+  long long mine[K][V], expect[K][V];
+  for (int k = 0; k < K; ++k)
+    for (int i = 0; i < V; ++i) mine[k][i] = (me * 7919 + k * 104729 + i * 31) % 1000 - 500;
+  MPI_Allreduce(mine, expect, K * V, MPI_LONG_LONG, MPI_MAX, dup);
+  SignatureCheck checks[K];
+  for (int k = 0; k < K; ++k) checks[k].start(wire, mine[k]);
+  for (int k = 0; k < K; ++k) {
+    checks[k].run_to_end(wire);  // the earliest first, as the Engine advances them
+    CHECK_FALSE(checks[k].pending());
+    for (int i = 0; i < V; ++i) CHECK(checks[k].result()[i] == expect[k][i]);
+  }
+  MPI_Comm_free(&dup);
 }
 
 TEST_CASE("overlap: operations complete while the caller computes and polls", "[comm][engine]") {

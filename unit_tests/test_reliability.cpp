@@ -248,6 +248,35 @@ TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on th
   }
 }
 
+TEST_CASE("a check a stalled rank left unanswered does not reach the next Engine", "[reliability][stall][leaks-comm]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  {
+    kdist::comm::EngineOptions o;
+    o.stall_warning_seconds = 10.0;
+    o.stall_timeout_seconds = 0.5;
+    Engine eng(world, o);
+    auto v = filled("alone", 4, 1.0);
+    // Rank 0's check message reaches ranks that never receive it; its own receive stays posted.
+    if (me == 0)
+      REQUIRE_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "alone").wait(), kdist::comm::StallError);
+    for (int i = 0; i < 200 && eng.healthy(); ++i) {
+      sleep_ms(10);
+      eng.progress();
+    }
+    CHECK_FALSE(eng.healthy());
+  }
+  // MPI may give the next Engine's wire the freed context: the stale message and the stale
+  // receive must both stay out of its checks.
+  for (int round = 0; round < 2; ++round) {
+    Engine next(world);
+    auto v = filled("v", 4, 1.0);
+    next.allreduce(TestExec(), v, ReduceOp::sum, "v").wait();
+    CHECK(kdist_test::to_host(v)(3) == static_cast<double>(P));
+  }
+}
+
 TEST_CASE("a Request outlives its Engine", "[reliability][engine]") {
   Communicator world(MPI_COMM_WORLD);
   kdist::comm::Request done;
