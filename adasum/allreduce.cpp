@@ -825,13 +825,18 @@ template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_
 }  // namespace impl
 
 std::size_t default_chunk_bytes() {
-  constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
-  long l2 = -1;
+  // Once per process: glibc answers by executing cpuid each call (a trap in a virtual machine),
+  // and every all-reduce asks.
+  static const std::size_t bytes = [] {
+    constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
+    long l2 = -1;
 #ifdef _SC_LEVEL2_CACHE_SIZE
-  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
 #endif
-  if (l2 <= 0) return 256u << 10;
-  return std::min(hi, std::max(lo, static_cast<std::size_t>(l2) / 8));
+    if (l2 <= 0) return std::size_t(256u << 10);
+    return std::min(hi, std::max(lo, static_cast<std::size_t>(l2) / 8));
+  }();
+  return bytes;
 }
 
 const char* to_string(Algorithm a) {
