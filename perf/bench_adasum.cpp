@@ -15,7 +15,7 @@
 // cells) and exact for a zero-copy one; the network is not in the bound.
 // In place (in_place_s, a SharedBuffer read where it lies by ranks on one node): the same minus
 // both receive copies, plus the all-gather's one copy: 2 n' / copy + 3 n' / triad + 2 n' / read.
-//   mpiexec -n 2 bench_adasum [--reps N] [--json FILE]
+//   mpiexec -n 2 bench_adasum [--reps N] [--json FILE] [--costs FILE] [--drain-bytes N]
 //   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
 #include <CLI/CLI.hpp>
 #include <kdist/adasum/allreduce.hpp>
@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include "bandwidth.hpp"
@@ -60,6 +61,15 @@ int main(int argc, char** argv) {
     std::size_t small_bytes = kdist::adasum::kDefaultSmallBytes;
     app.add_option("--small-bytes", small_bytes, "automatic: recursive doubling below this many bytes")
         ->capture_default_str();
+    std::size_t drain_bytes = 0;
+    app.add_option("--drain-bytes", drain_bytes,
+                   "before each variant's repeats, exchange this many bytes with rank ^ 1 (untimed): on the emulated "
+                   "link (perf/run_netns.sh, a tbf with a 1 MB burst) every series then starts with an empty bucket");
+    std::string costs;
+    app.add_option("--costs", costs,
+                   "cost models from kdist_calibrate (--adasum-max-bytes): automatic switches where they cross "
+                   "(adasum::small_bytes_from), unless --small-bytes is given")
+        ->check(CLI::ExistingFile);
     std::size_t chunk_bytes = 0;
     app.add_option("--chunk-bytes", chunk_bytes,
                    "VHDD exchange chunk on every level (0: the library default, adasum::default_chunk_bytes() "
@@ -75,6 +85,9 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
       kdist::comm::Communicator world(MPI_COMM_WORLD);
+      if (!costs.empty() && app.count("--small-bytes") == 0)
+        small_bytes =
+            kdist::adasum::small_bytes_from(kdist::CostModelStore::load(costs), kdist::DType::float32, world.size());
       kdist::comm::EngineOptions engine_options;
       engine_options.check_consistency = !no_check;
       kdist::comm::Engine engine(world, engine_options);
@@ -95,6 +108,7 @@ int main(int argc, char** argv) {
       table->context("dtype", "float32");
       table->context("consistency_check", no_check ? "off" : "on");
       table->context("small_bytes", static_cast<long long>(small_bytes));
+      table->context("drain_bytes", static_cast<long long>(drain_bytes));
       table->context("chunk_bytes", static_cast<long long>(chunk_bytes));
       table->context("default_chunk_bytes", static_cast<long long>(kdist::adasum::default_chunk_bytes()));
       if (me == 0) {
@@ -132,27 +146,39 @@ int main(int argc, char** argv) {
             fill(a, me);
             fill(b, me);
             const auto bounds = even_bounds(n, tensors);
-            const double t_mpi = time_median(reps, [&] {
-              MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            });
-            auto t_adasum = [&](kdist::adasum::Algorithm a, std::size_t chunk_of = 0) {
+            auto adasum_run = [&](kdist::adasum::Algorithm alg, std::size_t chunk_of = 0) {
               kdist::adasum::Options o;
-              o.algorithm = a;
+              o.algorithm = alg;
               o.small_bytes = small_bytes;
               o.chunk_bytes = chunk_of ? chunk_of : chunk_bytes;  // 0: the library default
-              return time_median(reps, [&] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); });
+              return [&, o] { kdist::adasum::allreduce(Host(), engine, bv, bounds, {}, o).wait(); };
             };
             for (std::size_t i = 0; i < n; ++i) shared.data()[i] = a[i];
-            const double t_in_place = time_median(reps, [&] {
-              kdist::adasum::Options o;
-              o.algorithm = kdist::adasum::Algorithm::vhdd;
-              o.chunk_bytes = chunk_bytes;
-              kdist::adasum::allreduce(engine, shared, bounds, {}, o).wait();
+            kdist::adasum::Options in_place;
+            in_place.algorithm = kdist::adasum::Algorithm::vhdd;
+            in_place.chunk_bytes = chunk_bytes;
+            // Each variant's repeats run back to back, after a drain (--drain-bytes) on the emulated
+            // link: every series then starts with an empty tbf bucket and settles into its own
+            // steady state, instead of inheriting the burst a compute-heavy variant left behind.
+            auto drain = [&] {
+              std::vector<char> out(drain_bytes), in(drain_bytes);
+              const int peer = (me ^ 1) < P ? me ^ 1 : MPI_PROC_NULL;
+              MPI_Sendrecv(out.data(), static_cast<int>(drain_bytes), MPI_BYTE, peer, 7, in.data(),
+                           static_cast<int>(drain_bytes), MPI_BYTE, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            };
+            auto series = [&](const std::function<void()>& f) {
+              if (drain_bytes) drain();
+              return time_median(reps, f);
+            };
+            const double t_mpi = series([&] {
+              MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             });
-            const double t_whole = t_adasum(kdist::adasum::Algorithm::vhdd, bytes),
-                         t_vhdd = t_adasum(kdist::adasum::Algorithm::vhdd),
-                         t_doubling = t_adasum(kdist::adasum::Algorithm::doubling),
-                         t_ada = t_adasum(kdist::adasum::Algorithm::automatic);
+            const double t_in_place =
+                series([&] { kdist::adasum::allreduce(engine, shared, bounds, {}, in_place).wait(); });
+            const double t_whole = series(adasum_run(kdist::adasum::Algorithm::vhdd, bytes)),
+                         t_vhdd = series(adasum_run(kdist::adasum::Algorithm::vhdd)),
+                         t_doubling = series(adasum_run(kdist::adasum::Algorithm::doubling)),
+                         t_ada = series(adasum_run(kdist::adasum::Algorithm::automatic));
             auto ratio = [](double t, double bound) { return bound > 0 ? t / bound : 0.0; };
             table->row({static_cast<long long>(bytes), static_cast<long long>(tensors), bw.copy / 1e9, bw.read / 1e9,
                         bw.triad / 1e9, t_mpi, sum_bound, ratio(t_mpi, sum_bound), t_whole, t_vhdd, vhdd_bound,
