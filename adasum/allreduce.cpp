@@ -211,8 +211,12 @@ struct State {
   std::vector<double> part, other;
   std::vector<std::vector<double>> node_parts;
   std::vector<double> fold_bad;
-  std::vector<char> bad_a, bad_b;              // non-finite flags of the raw inputs read by a partials step
-  std::vector<char> pack_out, pack_in;         // doubling's messages: the vector, then its markers
+  std::vector<char> bad_a, bad_b;       // non-finite flags of the raw inputs read by a partials step
+  std::vector<char> pack_out, pack_in;  // doubling's messages: the vector, then its markers
+  void pack() {
+    copy_bytes(pack_out.data(), S, m * sizeof(T));
+    copy_bytes(pack_out.data() + m * sizeof(T), bad(), tensors * sizeof(double));
+  }
   PartialStream<T> stream;                     // the partials of the level in progress
   const comm::SharedWindow* window = nullptr;  // the data lives in its block; peers read in place
   char token = 1;                              // the "ready" / "done" messages' payload
@@ -317,11 +321,21 @@ class Builder {
       ++L_;
     }
     q_ = N_ - Pp_;
+    // Flat doubling over a power of two: level 0's vector rides in the Engine's signature check
+    // to the same partner (rank ^ 1), so at 2 ranks the whole all-reduce is one message.
+    piggyback_ = doubling_ && q_ == 0 && L_ > 0 && engine.options().check_consistency;
     if (s_.window) {
       node_in_place_ = k_ > 1;
       for (int l = 0; l < k_ && hier_; ++l) node_in_place_ = node_in_place_ && s_.block(hier_->node_peer(l));
       s_.tokens_in.assign(static_cast<std::size_t>(std::max(k_, L_ + 1)), 0);
     }
+  }
+
+  /// The bytes level 0 exchanges inside the check (piggyback()), packed now from the input.
+  comm::CheckPayload check_payload() {
+    if (!piggyback_) return {};
+    s_.pack();
+    return {s_.pack_out.data(), s_.pack_in.data(), s_.pack_out.size()};
   }
 
   comm::Schedule build() {
@@ -659,30 +673,30 @@ class Builder {
     const std::size_t vec_bytes = s_.m * sizeof(T), bytes = vec_bytes + s_.tensors * sizeof(double);
     s_.pack_out.resize(bytes);
     s_.pack_in.resize(bytes);
-    sched_.step().then([st = st_, vec_bytes] {
-      copy_bytes(st->pack_out.data(), st->S, vec_bytes);
-      copy_bytes(st->pack_out.data() + vec_bytes, st->bad(), st->tensors * sizeof(double));
+    if (l == 0 && piggyback_) {
+      sched_.step();  // the signature check brought the partner's bytes into pack_in
+    } else {
+      sched_.step().then([st = st_] { st->pack(); });
+      sched_.step()
+          .send(partner, Buffer::host(s_.pack_out.data(), bytes), kTagHalve + l)
+          .recv(partner, Buffer::host(s_.pack_in.data(), bytes), kTagHalve + l);
+    }
+    sched_.then([st = st_, lower, raw_here, mine_from, theirs_from, tensors, vec_bytes] {
+      Phase phase("kdist::adasum::pair");
+      copy_bytes(st->tmp(), st->pack_in.data(), vec_bytes);
+      copy_bytes(st->other.data(), st->pack_in.data() + vec_bytes, st->tensors * sizeof(double));
+      for (int t = 0; t < tensors; ++t) st->bad()[t] = std::min(st->bad()[t], st->other[static_cast<std::size_t>(t)]);
+      T* mine = st->S;
+      const T* theirs = st->tmp();
+      const T* a = lower ? mine : theirs;
+      const T* b = lower ? theirs : mine;
+      st->whole_partials(a, b);
+      if (raw_here) {
+        st->flag_nonfinite();
+        st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
+      }
+      apply_slice(mine, a, b, st->g0, st->m, st->bounds, st->part.data());
     });
-    sched_.step()
-        .send(partner, Buffer::host(s_.pack_out.data(), bytes), kTagHalve + l)
-        .recv(partner, Buffer::host(s_.pack_in.data(), bytes), kTagHalve + l)
-        .then([st = st_, lower, raw_here, mine_from, theirs_from, tensors, vec_bytes] {
-          Phase phase("kdist::adasum::pair");
-          copy_bytes(st->tmp(), st->pack_in.data(), vec_bytes);
-          copy_bytes(st->other.data(), st->pack_in.data() + vec_bytes, st->tensors * sizeof(double));
-          for (int t = 0; t < tensors; ++t)
-            st->bad()[t] = std::min(st->bad()[t], st->other[static_cast<std::size_t>(t)]);
-          T* mine = st->S;
-          const T* theirs = st->tmp();
-          const T* a = lower ? mine : theirs;
-          const T* b = lower ? theirs : mine;
-          st->whole_partials(a, b);
-          if (raw_here) {
-            st->flag_nonfinite();
-            st->attribute(lower ? mine_from : theirs_from, lower ? theirs_from : mine_from);
-          }
-          apply_slice(mine, a, b, st->g0, st->m, st->bounds, st->part.data());
-        });
     s_.planned.vector_bytes_sent += static_cast<long long>(s_.m) * sizeof(T);
     s_.planned.vector_exchanges += 1;
     s_.planned.vector_messages += 1;
@@ -758,7 +772,8 @@ class Builder {
   const comm::Engine& engine_;
   comm::Schedule sched_{"adasum"};
   int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
-  bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true, node_in_place_ = false;
+  bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true, node_in_place_ = false,
+       piggyback_ = false;
   std::vector<int> read_me_;  // in-place gather partners: they read this rank's block until done
   std::size_t chunk_ = 1;     // elements per VHDD chunk
   bool chunk_everywhere_ = false;
@@ -806,6 +821,7 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
   Builder<T> builder(engine, st, hier, doubling, chunk, options.chunk_bytes != 0);
   comm::Schedule sched = builder.build();
+  const comm::CheckPayload payload = builder.check_payload();
   comm::OpDescription what;
   what.dtype = dtype_of<T>();
   what.count = static_cast<long long>(n);
@@ -814,7 +830,7 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
   if (s.window) what.label += "/in place";
   what.layout = std::move(layout);
-  return engine.submit(std::move(sched), std::move(what));
+  return engine.submit(std::move(sched), std::move(what), payload);
 }
 
 template comm::Request allreduce_host<float>(comm::Engine&, float*, std::size_t, comm::Layout, const Options&,

@@ -222,6 +222,7 @@ struct Operation {
   std::vector<MPI_Request> requests;
   long long sig_send[2 * kSig] = {};
   SignatureCheck check;
+  CheckPayload payload;  ///< exchanged with rank ^ 1 inside the check (Engine::submit)
   State state = State::ready;
   std::exception_ptr error;
   int tag_base = 0;
@@ -417,7 +418,8 @@ void make_signature(Operation& op) {
 
 void post_check(EngineCore& c, Operation& op) {
   make_signature(op);
-  op.check.start(c.check_wire(), op.sig_send);
+  op.check.start(c.check_wire(), op.sig_send, op.payload.out, op.payload.bytes);
+  c.stats.bytes_sent += static_cast<long long>(op.payload.bytes);
   ++c.stats.check_calls;
   ++c.checks_started;
   op.state = State::checking;
@@ -435,7 +437,9 @@ struct Record {
 std::string mismatch_message(const EngineCore& c, const Operation& op, const std::vector<Record>& all) {
   std::ostringstream os;
   os << "kdist::comm: ranks disagree on collective operation #" << op.seq << " ('" << op.what.label << "' on rank "
-     << c.rank << "); nothing of it was sent. Per rank:";
+     << c.rank
+     << (op.payload.bytes ? "); nothing of it was used (its check payload crossed, unread). Per rank:"
+                          : "); nothing of it was sent. Per rank:");
   for (int r = 0; r < c.size; ++r) {
     const Record& x = all[static_cast<std::size_t>(r)];
     const auto kind = static_cast<OpKind>(x.sig[1]);
@@ -619,6 +623,18 @@ void run_overlap_work(EngineCore& c, Operation& op, Schedule::Step& s) {
   }
 }
 
+// The partner agreed on the signature, which fixes the payload's size; anything else is a fault.
+void take_payload(EngineCore& c, Operation& op) {
+  if (op.check.payload_bytes() == op.payload.bytes) {
+    std::memcpy(op.payload.in, op.check.payload(), op.payload.bytes);
+    return;
+  }
+  const std::string text = "'" + op.what.label + "' received " + std::to_string(op.check.payload_bytes()) +
+                           " check-payload bytes from rank " + std::to_string(c.rank ^ 1) + ", expected " +
+                           std::to_string(op.payload.bytes) + " (rank " + std::to_string(c.rank) + ")";
+  c.fail_everywhere(std::make_exception_ptr(BackendError("kdist::comm: " + text)), text);
+}
+
 void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (op.finished()) return;
   if (op.state == State::checking) {
@@ -631,6 +647,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
     for (int i = 0; i < impl::kSig; ++i) same = same && agreed[i] == -agreed[impl::kSig + i];
     if (!same) raise_mismatch(c, op);
     op.state = State::ready;
+    if (op.payload.bytes) take_payload(c, op);
   }
   auto& steps = op.schedule.steps();
   while (op.step < steps.size() && !op.finished()) {
@@ -842,7 +859,7 @@ const EngineOptions& Engine::options() const noexcept {
   return core_->options;
 }
 
-Request Engine::enqueue(OpDescription what, Schedule schedule) {
+Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payload) {
   EngineCore& c = *core_;
   Entry entry(c, "kdist::comm::Engine");
   if (c.poisoned) std::rethrow_exception(c.poisoned);
@@ -862,8 +879,16 @@ Request Engine::enqueue(OpDescription what, Schedule schedule) {
                                        "' runs a collective on a group that is not from this "
                                        "Engine (make groups with Engine::node_group / cross_node_group)");
   }
+  if (payload.bytes && (!c.options.check_consistency || c.size < 2 || (c.size & (c.size - 1)) != 0))
+    kdist::impl::throw_invalid("kdist::comm::Engine::submit",
+                               "'" + what.label +
+                                   "' has a check payload, which needs check_consistency and a "
+                                   "power-of-two number of ranks >= 2 (this Engine: " +
+                                   std::to_string(c.size) + " ranks, check " +
+                                   (c.options.check_consistency ? "on" : "off") + ")");
   auto op = std::make_shared<Operation>();
   op->what = std::move(what);
+  op->payload = payload;
   op->schedule = std::move(schedule);
   op->collectives_left = op->schedule.collective_steps();
   ++c.stats.operations;
@@ -880,9 +905,13 @@ Request Engine::enqueue(OpDescription what, Schedule schedule) {
 }
 
 Request Engine::submit(Schedule schedule, OpDescription what) {
+  return submit(std::move(schedule), std::move(what), CheckPayload{});
+}
+
+Request Engine::submit(Schedule schedule, OpDescription what, CheckPayload payload) {
   what.kind = OpKind::composite;
   if (what.label.empty()) what.label = schedule.label();
-  return enqueue(std::move(what), std::move(schedule));
+  return enqueue(std::move(what), std::move(schedule), payload);
 }
 
 void Engine::progress() {

@@ -88,6 +88,14 @@ struct OpDescription {
   Layout layout;
 };
 
+/// Bytes an operation exchanges with rank ^ 1 inside its signature check's first message
+/// (Engine::submit): one message where a schedule's first exchange would have sent another.
+struct CheckPayload {
+  const void* out = nullptr;  ///< copied at submission
+  void* in = nullptr;         ///< rank ^ 1's bytes, written once the check agreed, before step 1
+  std::size_t bytes = 0;
+};
+
 struct EngineOptions {
   bool check_consistency = true;
   /// Print where every rank is after waiting this long (Horovod's stall inspector). Unset (< 0):
@@ -170,6 +178,11 @@ class Engine {
 
   /// Runs a composite schedule; `what` is its signature (kind composite).
   Request submit(Schedule schedule, OpDescription what);
+  /// The same, with `payload` exchanged with rank ^ 1 in the check (Adasum's small messages at
+  /// 2 ranks: the whole operation is one message). The bytes cross before the ranks are known to
+  /// agree, but nothing reads them unless they do. Needs check_consistency and a power-of-two
+  /// size >= 2 (InvalidArgument otherwise).
+  Request submit(Schedule schedule, OpDescription what, CheckPayload payload);
 
   /// Collective and checked: completes the work in flight, then splits this Engine's wire into
   /// nodes (node_size > 0: consecutive blocks of that many ranks; 0: shared-memory nodes), or
@@ -201,7 +214,7 @@ class Engine {
   static void check_view(const char* func, const V& v);
   template <class VWhole, class VBlock>
   void check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const;
-  Request enqueue(OpDescription what, Schedule schedule);
+  Request enqueue(OpDescription what, Schedule schedule, CheckPayload payload = {});
   Communicator split_group(bool node, int node_size);
 
   std::shared_ptr<impl::EngineCore> core_;

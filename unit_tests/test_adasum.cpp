@@ -307,6 +307,43 @@ TEST_CASE("Adasum: automatic takes doubling below small_bytes, the two agree to 
   }
 }
 
+TEST_CASE("Adasum doubling: level 0 rides in the signature check on a power of two, same bits either way",
+          "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  const std::vector<std::size_t> b{0, 100, 300};
+  const Vec x = input<double>(me, 300, 21);
+  adasum::Options doubling;
+  doubling.algorithm = adasum::Algorithm::doubling;
+  auto run = [&](kdist::comm::Engine& eng) {
+    auto v = view_of<double>(x);
+    const long long calls = eng.stats().payload_calls;
+    adasum::allreduce(TestExec(), eng, v, b, {}, doubling).wait();
+    return std::make_pair(vec_of(v), eng.stats().payload_calls - calls);
+  };
+  kdist::comm::Engine checked(world), unchecked(world, kdist::comm::EngineOptions{false});
+  const auto with_check = run(checked), without = run(unchecked);
+  CHECK(with_check.first == without.first);
+  int levels = 0;
+  while ((2 << levels) <= P) ++levels;
+  const bool power_of_two = (P & (P - 1)) == 0;
+  // The MPI calls that move payload: a send and a receive per level, minus level 0's when it
+  // went with the check (and the check is not counted as payload).
+  if (P > 1 && power_of_two) {
+    INFO("doubling over " << P << " ranks, which path ran");
+    CHECK(with_check.second == 2 * (levels - 1));
+    CHECK(without.second == 2 * levels);
+  }
+  if (P > 1) {
+    // Ranks that double vectors of different sizes send check messages of different sizes: the
+    // signature tells them apart on every rank, no truncation and no hang.
+    const Vec y = input<double>(me, me == P - 1 ? 301 : 300, 21);
+    auto v = view_of<double>(y);
+    const std::vector<std::size_t> by{0, 100, y.size()};
+    CHECK_THROWS_AS(adasum::allreduce(TestExec(), checked, v, by, {}, doubling).wait(), kdist::comm::MismatchError);
+  }
+}
+
 // Tensors of 0 to 300 elements, so that blocks, chunks and halves end inside and between them.
 std::vector<std::size_t> awkward_bounds() {
   return bounds_of({5, 0, 130, 1, 64, 300, 0, 77, 129});

@@ -6,6 +6,7 @@
 #include <kdist/comm/impl/signature_check.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -350,6 +351,55 @@ TEST_CASE("the signature check is an exact MAX all-reduce, checks started togeth
     for (int i = 0; i < V; ++i) CHECK(checks[k].result()[i] == expect[k][i]);
   }
   MPI_Comm_free(&dup);
+}
+
+TEST_CASE("the signature check carries a payload to rank ^ 1 on a power of two, none otherwise",
+          "[comm][engine][check]") {
+  using kdist::comm::impl::SignatureCheck;
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  MPI_Comm dup;
+  MPI_Comm_dup(world.raw(), &dup);
+  const SignatureCheck::Wire wire{dup, me, P, 7};
+  long long values[SignatureCheck::kValues] = {};
+  std::vector<int> mine(static_cast<std::size_t>(1 + me), me);  // each rank sends a different size
+  SignatureCheck check;
+  check.start(wire, values, mine.data(), mine.size() * sizeof(int));
+  check.run_to_end(wire);
+  const bool power_of_two = P > 1 && (P & (P - 1)) == 0;
+  if (power_of_two) {
+    const int partner = me ^ 1;
+    REQUIRE(check.payload_bytes() == static_cast<std::size_t>(1 + partner) * sizeof(int));
+    std::vector<int> got(static_cast<std::size_t>(1 + partner));
+    std::memcpy(got.data(), check.payload(), check.payload_bytes());
+    CHECK(got == std::vector<int>(got.size(), partner));
+  } else {
+    CHECK(check.payload_bytes() == 0);
+  }
+  MPI_Comm_free(&dup);
+}
+
+TEST_CASE("a check payload needs the check and a power-of-two Engine", "[comm][engine][check]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size();
+  char out = 1, in = 0;
+  const kdist::comm::CheckPayload payload{&out, &in, 1};
+  auto what = [] {
+    return kdist::comm::OpDescription{
+        kdist::comm::OpKind::composite, kdist::DType::bytes, 1, -1, ReduceOp::sum, "payload", {}};
+  };
+  {
+    Engine unchecked(world, kdist::comm::EngineOptions{false});
+    CHECK_THROWS_AS(unchecked.submit(kdist::comm::Schedule("p"), what(), payload), kdist::InvalidArgument);
+  }
+  Engine eng(world);
+  if (P < 2 || (P & (P - 1)) != 0) {
+    CHECK_THROWS_WITH(eng.submit(kdist::comm::Schedule("p"), what(), payload),
+                      Catch::Contains("power-of-two") && Catch::Contains(std::to_string(P) + " ranks"));
+  } else {
+    eng.submit(kdist::comm::Schedule("p"), what(), payload).wait();
+    CHECK(in == 1);
+  }
 }
 
 TEST_CASE("overlap: operations complete while the caller computes and polls", "[comm][engine]") {

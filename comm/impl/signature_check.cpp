@@ -13,7 +13,8 @@
 //   r <  P'       round k = 0 .. log2 P' - 1: exchange with r ^ 2^k (kTagRound + k), combine
 //   r <  q        send the result to r + P' (kTagFoldOut)
 // A stage ends when its send and its receive are complete, so no buffer is rewritten while MPI
-// may still read it. The tags lie below the control channel's (engine.cpp, kCtrlTag = 32000).
+// may still read it. Round 0 travels as bytes (header, then the payload); the others as
+// kValues + 1 long longs. The tags lie below the control channel's (engine.cpp, kCtrlTag = 32000).
 #include <kdist/comm/communicator.hpp>
 #include <kdist/comm/impl/signature_check.hpp>
 
@@ -47,6 +48,7 @@ void SignatureCheck::plan(const Wire& wire) {
   if (r < q) add(-1, r + Pp, kTagFoldIn, false);
   for (int k = 0; k < rounds; ++k) add(r ^ (1 << k), r ^ (1 << k), kTagRound + k, false);
   if (r < q) add(r + Pp, -1, kTagFoldOut, false);
+  for (int i = 0; i < stage_count_; ++i) stages_[i].round0 = stages_[i].tag == kTagRound;
 }
 
 void SignatureCheck::post_recv(const Wire& wire) {
@@ -58,6 +60,17 @@ void SignatureCheck::post_recv(const Wire& wire) {
 
 void SignatureCheck::post(const Wire& wire) {
   const Stage& s = stages_[stage_];
+  if (s.round0) {
+    probing_ = true;
+    const bool with_payload = q_zero_ && payload_bytes_ > 0;
+    out0_.resize(kHeader + (with_payload ? payload_bytes_ : 0));
+    std::memcpy(out0_.data(), acc_, sizeof(acc_));
+    std::memcpy(out0_.data() + sizeof(acc_), &wire.id, sizeof(wire.id));
+    if (with_payload) std::memcpy(out0_.data() + kHeader, payload_, payload_bytes_);
+    check_mpi(MPI_Isend(out0_.data(), static_cast<int>(out0_.size()), MPI_BYTE, s.send_to, s.tag, wire.comm, &req_[0]),
+              "MPI_Isend (consistency check)", wire.rank);
+    return;
+  }
   if (s.recv_from >= 0) post_recv(wire);
   if (s.send_to >= 0) {
     std::memcpy(out_, acc_, sizeof(acc_));
@@ -67,8 +80,29 @@ void SignatureCheck::post(const Wire& wire) {
   }
 }
 
-void SignatureCheck::start(const Wire& wire, const long long (&values)[kValues]) {
+// Round 0's receive: whatever size the partner sent. False while nothing has arrived.
+bool SignatureCheck::probe(const Wire& wire) {
+  const Stage& s = stages_[stage_];
+  int arrived = 0;
+  MPI_Message message;
+  MPI_Status status;
+  check_mpi(MPI_Improbe(s.recv_from, s.tag, wire.comm, &arrived, &message, &status), "MPI_Improbe (consistency check)",
+            wire.rank);
+  if (!arrived) return false;
+  int bytes = 0;
+  check_mpi(MPI_Get_count(&status, MPI_BYTE, &bytes), "MPI_Get_count (consistency check)", wire.rank);
+  in0_.resize(static_cast<std::size_t>(bytes));
+  check_mpi(MPI_Imrecv(in0_.data(), bytes, MPI_BYTE, &message, &req_[1]), "MPI_Imrecv (consistency check)", wire.rank);
+  probing_ = false;
+  return true;
+}
+
+void SignatureCheck::start(const Wire& wire, const long long (&values)[kValues], const void* payload,
+                           std::size_t payload_bytes) {
   std::memcpy(acc_, values, sizeof(acc_));
+  payload_ = payload;
+  payload_bytes_ = payload_bytes;
+  q_zero_ = (wire.size & (wire.size - 1)) == 0;
   plan(wire);
   started_ = true;
   stage_ = 0;
@@ -78,13 +112,21 @@ void SignatureCheck::start(const Wire& wire, const long long (&values)[kValues])
 
 bool SignatureCheck::advance(const Wire& wire) {
   while (!done_) {
+    if (probing_ && !probe(wire)) return false;
     int complete = 0;
     check_mpi(MPI_Testall(2, req_, &complete, MPI_STATUSES_IGNORE), "MPI_Testall (consistency check)", wire.rank);
     if (!complete) return false;
     const Stage& s = stages_[stage_];
     if (s.recv_from >= 0) {
+      if (s.round0) {
+        if (in0_.size() < kHeader) in0_.assign(kHeader, 0);  // not a check message: fails the wire test
+        std::memcpy(in_, in0_.data(), kHeader);
+      }
       if (in_[kValues] != wire.id) {  // from an earlier Engine on a reused context: not ours
-        post_recv(wire);
+        if (s.round0)
+          probing_ = true;
+        else
+          post_recv(wire);
         continue;
       }
       if (s.replace)
