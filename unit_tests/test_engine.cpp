@@ -330,19 +330,32 @@ TEST_CASE("consistency check: a mismatch with later checks in flight leaves noth
   CHECK(to_host(v)(7) == static_cast<double>(P));
 }
 
+// A private wire for SignatureCheck tests: a duplicate of the world, freed at scope end.
+struct CheckWire {
+  using Wire = kdist::comm::impl::SignatureCheck::Wire;
+  MPI_Comm dup = MPI_COMM_NULL;
+  Wire wire;
+  explicit CheckWire(long long id) {
+    Communicator world(MPI_COMM_WORLD);
+    MPI_Comm_dup(world.raw(), &dup);
+    wire = Wire{dup, world.rank(), world.size(), id};
+  }
+  ~CheckWire() { MPI_Comm_free(&dup); }
+  CheckWire(const CheckWire&) = delete;
+  CheckWire& operator=(const CheckWire&) = delete;
+};
+
 TEST_CASE("the signature check is an exact MAX all-reduce, checks started together finish in order",
           "[comm][engine][check]") {
   using kdist::comm::impl::SignatureCheck;
-  Communicator world(MPI_COMM_WORLD);
-  const int P = world.size(), me = world.rank();
-  MPI_Comm dup;
-  MPI_Comm_dup(world.raw(), &dup);
-  const SignatureCheck::Wire wire{dup, me, P, 42};
+  const CheckWire w(42);
+  const SignatureCheck::Wire& wire = w.wire;
+  const int me = wire.rank;
   constexpr int K = 3, V = SignatureCheck::kValues;
   long long mine[K][V], expect[K][V];
   for (int k = 0; k < K; ++k)
     for (int i = 0; i < V; ++i) mine[k][i] = (me * 7919 + k * 104729 + i * 31) % 1000 - 500;
-  MPI_Allreduce(mine, expect, K * V, MPI_LONG_LONG, MPI_MAX, dup);
+  MPI_Allreduce(mine, expect, K * V, MPI_LONG_LONG, MPI_MAX, w.dup);
   SignatureCheck checks[K];
   for (int k = 0; k < K; ++k) checks[k].start(wire, mine[k]);
   for (int k = 0; k < K; ++k) {
@@ -350,17 +363,14 @@ TEST_CASE("the signature check is an exact MAX all-reduce, checks started togeth
     CHECK_FALSE(checks[k].pending());
     for (int i = 0; i < V; ++i) CHECK(checks[k].result()[i] == expect[k][i]);
   }
-  MPI_Comm_free(&dup);
 }
 
 TEST_CASE("the signature check carries a payload to rank ^ 1 on a power of two, none otherwise",
           "[comm][engine][check]") {
   using kdist::comm::impl::SignatureCheck;
-  Communicator world(MPI_COMM_WORLD);
-  const int P = world.size(), me = world.rank();
-  MPI_Comm dup;
-  MPI_Comm_dup(world.raw(), &dup);
-  const SignatureCheck::Wire wire{dup, me, P, 7};
+  const CheckWire w(7);
+  const SignatureCheck::Wire& wire = w.wire;
+  const int P = wire.size, me = wire.rank;
   long long values[SignatureCheck::kValues] = {};
   std::vector<int> mine(static_cast<std::size_t>(1 + me), me);  // each rank sends a different size
   SignatureCheck check;
@@ -376,7 +386,6 @@ TEST_CASE("the signature check carries a payload to rank ^ 1 on a power of two, 
   } else {
     CHECK(check.payload_bytes() == 0);
   }
-  MPI_Comm_free(&dup);
 }
 
 TEST_CASE("a check payload needs the check and a power-of-two Engine", "[comm][engine][check]") {
