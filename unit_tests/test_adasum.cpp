@@ -333,6 +333,12 @@ TEST_CASE("Adasum doubling: level 0 rides in the signature check on a power of t
     INFO("doubling over " << P << " ranks, which path ran");
     CHECK(with_check.second == 2 * (levels - 1));
     CHECK(without.second == 2 * levels);
+    // Above 64 KiB level 0 goes through MPI again: the check's copies would cost more.
+    const Vec big = input<double>(me, 9000, 21);
+    auto v = view_of<double>(big);
+    const long long calls = checked.stats().payload_calls;
+    adasum::allreduce(TestExec(), checked, v, {0, 9000}, {}, doubling).wait();
+    CHECK(checked.stats().payload_calls - calls == 2 * levels);
   }
   if (P > 1) {
     // Ranks that double vectors of different sizes send check messages of different sizes: the
