@@ -13,7 +13,9 @@
 // level), and whole-vector recursive doubling (latency-optimal: log2 P exchanges of the whole
 // vector, both partners applying the pair operator to the same two vectors). `automatic` takes
 // doubling for flat calls below Options::small_bytes, the way MPI libraries switch algorithms by
-// message size; small_bytes_from() reads the crossover kdist_calibrate measured. VHDD moves each
+// message size; small_bytes_from() reads the crossover kdist_calibrate measured. On a power of
+// two with the Engine's check on, doubling's first exchange (up to 64 KiB) rides in the check's
+// own message (comm::CheckPayload): at 2 ranks the call is one message. VHDD moves each
 // half in cache-sized chunks (Options::chunk_bytes) and sums a chunk's partials while the next
 // chunk is in flight; the partials' order of addition is fixed by the tensors, not the chunks. The two agree to
 // rounding (their partial sums run in different orders); each is bit-identical on every rank, and

@@ -9,7 +9,8 @@
 //   space: host memory goes to MPI as is; device memory is staged through the host, or handed to
 //   GPU-aware MPI, or enqueued on NCCL on the caller's stream (comm/engine.cpp says how).
 // - Progress: no thread; every call (submit, test, wait, progress) advances everything in flight.
-// - Every collective is checked across ranks before its payload moves; a rank that fails,
+// - Every collective is checked across ranks before its payload moves (a composite may send its
+//   first bytes inside the check, CheckPayload, read only once the ranks agree); a rank that fails,
 //   finishes early or stalls is reported on every rank (README "Errors": what, and its cost).
 // - One thread at a time per Engine; a second concurrent caller gets InvalidArgument.
 #pragma once
