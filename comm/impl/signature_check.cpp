@@ -62,7 +62,7 @@ void SignatureCheck::post(const Wire& wire) {
   const Stage& s = stages_[stage_];
   if (s.round0) {
     probing_ = true;
-    const bool with_payload = q_zero_ && payload_bytes_ > 0;
+    const bool with_payload = power_of_two_ && payload_bytes_ > 0;
     out0_.resize(kHeader + (with_payload ? payload_bytes_ : 0));
     std::memcpy(out0_.data(), acc_, sizeof(acc_));
     std::memcpy(out0_.data() + sizeof(acc_), &wire.id, sizeof(wire.id));
@@ -102,7 +102,7 @@ void SignatureCheck::start(const Wire& wire, const long long (&values)[kValues],
   std::memcpy(acc_, values, sizeof(acc_));
   payload_ = payload;
   payload_bytes_ = payload_bytes;
-  q_zero_ = (wire.size & (wire.size - 1)) == 0;
+  power_of_two_ = (wire.size & (wire.size - 1)) == 0;
   plan(wire);
   started_ = true;
   stage_ = 0;

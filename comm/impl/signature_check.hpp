@@ -76,8 +76,8 @@ class SignatureCheck {
   std::vector<char> out0_, in0_;  // round 0: the header, then the payload
   const void* payload_ = nullptr;
   std::size_t payload_bytes_ = 0;
-  bool probing_ = false;  // round 0's receive waits for MPI_Improbe
-  bool q_zero_ = true;    // P is a power of two: round 0 may carry the payload
+  bool probing_ = false;      // round 0's receive waits for MPI_Improbe
+  bool power_of_two_ = true;  // P is a power of two: round 0 may carry the payload
   MPI_Request req_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
