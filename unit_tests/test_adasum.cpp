@@ -5,6 +5,7 @@
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/adasum/calibrate.hpp>
 #include <kdist/adasum/host_kernels.hpp>
+#include <stdexcept>
 
 #include <algorithm>
 #include <cmath>
@@ -304,6 +305,26 @@ TEST_CASE("Adasum: automatic takes doubling below small_bytes, the two agree to 
     mixed.algorithm = me == P - 1 ? adasum::Algorithm::vhdd : adasum::Algorithm::doubling;
     auto v = view_of<double>(x);
     CHECK_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, b, {}, mixed).wait(), Catch::Contains("adasum"));
+  }
+}
+
+TEST_CASE("Adasum doubling with its data in the check: a rank that fails instead is named on every rank",
+          "[adasum][mpi]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  kdist::comm::Engine eng(world);
+  adasum::Options doubling;
+  doubling.algorithm = adasum::Algorithm::doubling;
+  const Vec x = input<double>(me, 300, 21);
+  auto v = view_of<double>(x);
+  if (me == P - 1) {
+    eng.fail(std::runtime_error("rank gave up before its all-reduce"));
+    CHECK_FALSE(eng.healthy());
+  } else {
+    CHECK_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, {0, 100, 300}, {}, doubling).wait(),
+                      Catch::Contains("rank " + std::to_string(P - 1) + " failed") &&
+                          Catch::Contains("rank gave up before its all-reduce"));
   }
 }
 
