@@ -1,9 +1,12 @@
 // The two passes of the Adasum all-reduce over host memory, vectorised for the CPU they run on:
-// AVX2 when the CPU has it (checked at run time, so the binary stays portable), else the scalar
-// kernels of operator.hpp. Each lane does the same multiplies and adds in the same order as the
-// scalar code (no fused multiply-add), so every path gives the same bits, and ranks on different
-// CPUs still agree. On two cores the scalar loops, not memory, bounded these passes (about 1 ns
-// per element pair for the partial sums).
+// AVX2 with FMA when the CPU has both (checked at run time, so the binary stays portable), else
+// the scalar kernels of operator.hpp. Each lane does the same fused multiply-adds, multiplies and
+// adds in the same order as the scalar code, so every path gives the same bits, and ranks on
+// different CPUs (and a GPU, which fuses natively) still agree. On two cores the arithmetic, not
+// memory, bounded these passes: 1 MiB of float pairs in L2 took 25 us for the partial sums with
+// four unfused lanes and 18 us with eight fused ones, against 10 us for a plain read of them (the
+// adds' ports were the limit). The scalar fallback's ::fma is a libm call on x86 builds without
+// FMA code: exact, but slower.
 #pragma once
 
 #include <cstddef>

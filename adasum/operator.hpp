@@ -1,7 +1,7 @@
 // The pairwise Adasum operator on fused buffers (ARCHITECTURE.md §3). For each tensor of a buffer
 // (boundaries given as element offsets), with d = a.b, na = a.a, nb = b.b accumulated in double:
 //   ca = na >= sqrt(DBL_MIN) ? 1 - d / (2 na) : 1,   cb likewise,   result = ca a + cb b
-// computed in double and rounded once to the storage type. Coefficients are per tensor, never
+// computed in double as fma(ca, a, cb b) and rounded once to the storage type. Coefficients are per tensor, never
 // per buffer.
 //
 // The operator is split in two so that the distributed algorithm can sum the partials of a
@@ -38,27 +38,41 @@ namespace impl {
 /// tensor's piece); the blocks' sums are added to the total in block order.
 constexpr std::size_t kBlock = 64;
 
-/// v[0..2] += [a.b, a.a, b.b] over elements [begin, end) (at most kBlock), summed in four
-/// independent lanes combined in a fixed order, so the loop is not bound by one chain of
-/// dependent adds and the result is deterministic. Raw pointers (host or device).
+/// v[0..2] += [a.b, a.a, b.b] over elements [begin, end) (at most kBlock), in double by fused
+/// multiply-add (one rounding per element, as a GPU computes it natively and an FMA unit on the
+/// host): element j of each group of eight goes to lane j; lanes j and j + 4 are then added, the
+/// tail after the last group goes to that sum's lane 0 in order, and the four are combined as
+/// (s0 + s1) + (s2 + s3). Eight lanes keep the host's vector units busy (four left the loop bound
+/// by the chain of dependent adds); the fixed order keeps the result deterministic on every path.
+/// Raw pointers (host or device). ::fma: exact on every path; a call into libm on a host build
+/// without FMA code, which is why the host runs host_kernels' add_blocks_host instead.
 template <class T>
 KOKKOS_INLINE_FUNCTION void add_block(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  double d0 = 0, d1 = 0, d2 = 0, d3 = 0, p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+  double d[8] = {}, p[8] = {}, q[8] = {};
   std::size_t i = begin;
-  for (; i + 4 <= end; i += 4) {
-    const double x0 = a[i], x1 = a[i + 1], x2 = a[i + 2], x3 = a[i + 3];
-    const double y0 = b[i], y1 = b[i + 1], y2 = b[i + 2], y3 = b[i + 3];
-    d0 += x0 * y0, d1 += x1 * y1, d2 += x2 * y2, d3 += x3 * y3;
-    p0 += x0 * x0, p1 += x1 * x1, p2 += x2 * x2, p3 += x3 * x3;
-    q0 += y0 * y0, q1 += y1 * y1, q2 += y2 * y2, q3 += y3 * y3;
-  }
+  for (; i + 8 <= end; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const double x = a[i + j], y = b[i + j];
+      d[j] = ::fma(x, y, d[j]);
+      p[j] = ::fma(x, x, p[j]);
+      q[j] = ::fma(y, y, q[j]);
+    }
+  for (int j = 0; j < 4; ++j) d[j] += d[j + 4], p[j] += p[j + 4], q[j] += q[j + 4];
   for (; i < end; ++i) {
     const double x = a[i], y = b[i];
-    d0 += x * y, p0 += x * x, q0 += y * y;
+    d[0] = ::fma(x, y, d[0]);
+    p[0] = ::fma(x, x, p[0]);
+    q[0] = ::fma(y, y, q[0]);
   }
-  v[0] += (d0 + d1) + (d2 + d3);
-  v[1] += (p0 + p1) + (p2 + p3);
-  v[2] += (q0 + q1) + (q2 + q3);
+  v[0] += (d[0] + d[1]) + (d[2] + d[3]);
+  v[1] += (p[0] + p[1]) + (p[2] + p[3]);
+  v[2] += (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+/// ca a + cb b in double, rounded once to T: fma(ca, a, cb b) on every path.
+template <class T>
+KOKKOS_INLINE_FUNCTION T apply_one(double ca, T a, double cb, T b) {
+  return static_cast<T>(::fma(ca, static_cast<double>(a), cb * static_cast<double>(b)));
 }
 
 /// Partial sums of one piece as a Kokkos reduction over its kBlock-element blocks.
@@ -141,9 +155,8 @@ void apply(const ExecSpace& exec, T* out, const T* a, const T* b, std::size_t be
     const double* p = summed + kPartials * t;
     const double ca = coefficient(p[0], p[1]), cb = coefficient(p[0], p[2]);
     Kokkos::parallel_for(
-        "kdist::adasum::apply", Kokkos::RangePolicy<ExecSpace>(exec, lo, hi), KOKKOS_LAMBDA(const std::size_t i) {
-          out[i] = static_cast<T>(ca * static_cast<double>(a[i]) + cb * static_cast<double>(b[i]));
-        });
+        "kdist::adasum::apply", Kokkos::RangePolicy<ExecSpace>(exec, lo, hi),
+        KOKKOS_LAMBDA(const std::size_t i) { out[i] = impl::apply_one(ca, a[i], cb, b[i]); });
   }
   compat::fence(exec, "kdist::adasum::apply");
 }

@@ -170,7 +170,7 @@ TEMPLATE_TEST_CASE("host kernels (AVX2 where the CPU has it) give the scalar ker
   INFO("vectorised: " << adasum::impl::host_kernels_vectorised());
   const Vec xa = input<T>(0, 1000, 51), xb = input<T>(1, 1000, 51);
   const std::vector<T> a(xa.begin(), xa.end()), b(xb.begin(), xb.end());
-  for (std::size_t len : {0, 1, 3, 4, 5, 63, 64, 65, 130, 999}) {
+  for (std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 63, 64, 65, 130, 999}) {
     double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
     adasum::impl::add_blocks_host(a.data(), b.data(), 1, 1 + len, fast);
     for (std::size_t s0 = 1; s0 < 1 + len; s0 += adasum::impl::kBlock)
@@ -178,8 +178,7 @@ TEMPLATE_TEST_CASE("host kernels (AVX2 where the CPU has it) give the scalar ker
     CHECK(std::memcmp(fast, slow, sizeof fast) == 0);
     std::vector<T> out_fast(len), out_slow(len);
     adasum::impl::apply_host(out_fast.data(), a.data() + 1, b.data() + 1, len, 0.73, -1.21);
-    for (std::size_t i = 0; i < len; ++i)
-      out_slow[i] = static_cast<T>(0.73 * static_cast<double>(a[1 + i]) + -1.21 * static_cast<double>(b[1 + i]));
+    for (std::size_t i = 0; i < len; ++i) out_slow[i] = adasum::impl::apply_one(0.73, a[1 + i], -1.21, b[1 + i]);
     CHECK(out_fast == out_slow);
   }
 }
