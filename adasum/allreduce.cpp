@@ -506,7 +506,10 @@ class Builder {
       return lower ? std::make_pair(mine, other) : std::make_pair(other, mine);
     };
     if (in_place) {
-      tell_and_hear({lv.partner}, kTagReady + l);
+      if (lv.mine_from != kNoRank && lv.theirs_from != kNoRank)  // both raw: both ranks skip the round
+        hear_inputs_final({lv.partner}, kTagReady + l);
+      else
+        tell_and_hear({lv.partner}, kTagReady + l);
       sched_.then([st = st_, keep_lo = lv.keep_lo, keep_hi = lv.keep_hi] {
         st->window->sync();
         st->stream.start(keep_lo, keep_hi, st->g0, &st->bounds, st->part.data());
@@ -574,7 +577,10 @@ class Builder {
   // Levels whose partner shares the node read its block where it lies. Synchronisation: a rank
   // tells a partner with a one-byte message (after MPI_Win_sync) that the range the partner will
   // read is final, and reads only after the partner's message: at the start of a halving level
-  // (its vector after the level before), before a gather level (its piece). Writing is safe
+  // (its vector after the level before), before a gather level (its piece). The first read of a
+  // partner's input as it was submitted needs no message when the Engine checks: the check's
+  // agreement, which comes before the first step, already says that the partner has submitted,
+  // and every rank syncs its window before submitting (hear_inputs_final). Writing is safe
   // without more: at a halving level a rank writes only its kept half, which its partner does
   // not read, and only after the partials round with that partner, which follows the partner's
   // read of the other half; a gather level writes only the half that this level's partner read
@@ -594,6 +600,13 @@ class Builder {
       sched_.send(peers[i], Buffer::host(&s_.token, 1), tag);
       sched_.recv(peers[i], Buffer::host(&s_.tokens_in[i], 1), tag);
     }
+  }
+  // Before the first read of peers' inputs, unchanged since they submitted: with the Engine's
+  // check on, the schedule starts only once the ranks agree, which says that every rank has
+  // submitted, after syncing its window (allreduce_host), so the round would only repeat it.
+  void hear_inputs_final(const std::vector<int>& peers, int tag) {
+    if (!engine_.options().check_consistency) return tell_and_hear(peers, tag);
+    sched_.step();
   }
   void done_reading(const std::vector<int>& peers, int tag) {
     if (!peers.empty()) tell_and_hear(peers, tag);
@@ -625,7 +638,7 @@ class Builder {
     std::vector<const T*> blocks;
     for (int l = 0; l < k_; ++l) blocks.push_back(s_.block(hier_->node_peer(l)));
     s_.S = s_.data + s_.g0;
-    tell_and_hear(peers, kTagNodeReady);
+    hear_inputs_final(peers, kTagNodeReady);
     sched_.then([st = st_, blocks] {
       st->window->sync();
       Phase phase("kdist::adasum::node_average");
@@ -835,6 +848,7 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
   if (s.window) what.label += "/in place";
   what.layout = std::move(layout);
+  if (s.window) s.window->sync();  // the caller's writes, before the check tells the peers (above)
   return engine.submit(std::move(sched), std::move(what), payload);
 }
 

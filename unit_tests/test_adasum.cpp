@@ -502,6 +502,41 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
         }
     }
   }
+  {
+    // With the Engine's check off, the first read in place waits for the partner's one-byte
+    // message instead of the check's agreement (hear_inputs_final): the same bits.
+    kdist::comm::EngineOptions unchecked;
+    unchecked.check_consistency = false;
+    kdist::comm::Engine quiet(world, unchecked);
+    adasum::SharedBuffer<T> qbuf(quiet, n);
+    for (unsigned seed : {44u, 45u}) {
+      const Vec x = input<T>(me, n, seed);
+      adasum::Options o;
+      o.algorithm = adasum::Algorithm::vhdd;
+      auto v = view_of<T>(x);
+      adasum::allreduce(TestExec(), quiet, v, bounds, {}, o).wait();
+      const auto ref = to_host(v);
+      adasum::AdasumCounters c;
+      o.counters = &c;
+      auto h = qbuf.view();
+      for (std::size_t i = 0; i < n; ++i) h(i) = static_cast<T>(x[i]);
+      const long long calls0 = quiet.stats().payload_calls;
+      adasum::allreduce(quiet, qbuf, bounds, {}, o).wait();
+      const long long unchecked_calls = quiet.stats().payload_calls - calls0;
+      INFO("P " << P << ", unchecked Engine, in place: " << c.in_place_levels << " levels in place");
+      CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(T)) == 0);
+      const bool folded_away = me < 2 * (P - pow2) && me % 2 == 1;
+      if (qbuf.window().node_size() == P && P > 1 && !folded_away) CHECK(c.in_place_levels > 0);
+      // The checked Engine skips exactly that message (a send and a receive) at a power of two.
+      for (std::size_t i = 0; i < n; ++i) buf.view()(i) = static_cast<T>(x[i]);
+      const long long calls1 = eng.stats().payload_calls;
+      o.counters = nullptr;
+      adasum::allreduce(eng, buf, bounds, {}, o).wait();
+      CHECK(std::memcmp(buf.data(), ref.data(), n * sizeof(T)) == 0);
+      if (buf.window().node_size() == P && P == pow2 && P > 1)
+        CHECK(eng.stats().payload_calls - calls1 == unchecked_calls - 2);
+    }
+  }
   // NaN on the last rank, in place: every rank names the tensor and the rank.
   auto h = buf.view();
   const Vec x = input<T>(me, n, 43);
