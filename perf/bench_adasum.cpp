@@ -17,9 +17,9 @@
 // both receive copies, plus the all-gather's one copy: 2 n' / copy + 3 n' / triad + 2 n' / read
 // (in_place_stream_bound_s). That formula takes every byte at a private array's rate, but half of
 // them are lines the partner core has just written; in_place_bound_s is measured instead with the
-// passes' own access pattern on a shared window (perf/in_place_bound.hpp), and in_place/bound is
-// held against it.
-//   mpiexec -n 2 bench_adasum [--reps N] [--json FILE] [--costs FILE] [--drain-bytes N]
+// passes' own access pattern on the same shared window, one sample after each repeat of the
+// operation (perf/in_place_bound.hpp), and in_place/bound is held against it.
+//   mpiexec -n 2 bench_adasum [--reps N] [--series K] [--json FILE] [--costs FILE] [--drain-bytes N]
 //   mpiexec -n 4 bench_adasum --part traffic     (bytes and rounds per rank, not time)
 #include <CLI/CLI.hpp>
 #include <kdist/adasum/allreduce.hpp>
@@ -40,7 +40,6 @@ using Host = Kokkos::DefaultHostExecutionSpace;
 
 using kdist::Clock;
 using kdist_bench::max_over_ranks;
-using kdist_bench::time_median;
 
 std::vector<std::size_t> even_bounds(std::size_t n, std::size_t tensors) {
   std::vector<std::size_t> b{0};
@@ -86,6 +85,11 @@ int main(int argc, char** argv) {
     app.add_flag("--no-check", no_check, "run the engine without its consistency check (EngineOptions)");
     app.add_option("--part", part, "time | traffic")->check(CLI::IsMember({"time", "traffic"}));
     app.add_option("--reps", reps, "timed repeats (median reported)");
+    int series_count = 1;
+    app.add_option("--series", series_count,
+                   "time each variant's repeats in this many series, the variants taking turns (after a drain each, "
+                   "with --drain-bytes); the median is over all of them")
+        ->check(CLI::PositiveNumber);
     app.add_option("--json", json, "write the rows to this JSON file");
     try {
       app.parse(argc, argv);
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
       table->context("consistency_check", no_check ? "off" : "on");
       table->context("small_bytes", static_cast<long long>(small_bytes));
       table->context("drain_bytes", static_cast<long long>(drain_bytes));
+      table->context("series", series_count);
       table->context("chunk_bytes", static_cast<long long>(chunk_bytes));
       table->context("default_chunk_bytes", static_cast<long long>(kdist::adasum::default_chunk_bytes()));
       if (me == 0) {
@@ -159,8 +164,8 @@ int main(int argc, char** argv) {
           // lie, apply, and the all-gather copies the partners' results (one copy of n').
           const double in_place_stream_bound =
               P == 1 ? 0.0 : 2 * moved / bw.copy + 3 * moved / bw.triad + 2 * moved / std::max(bw.read, bw.copy);
-          const double in_place_bound = kdist_bench::in_place_pattern_bound(engine, n, reps);
           kdist::adasum::SharedBuffer<float> shared(engine, n);
+          kdist_bench::InPlaceBound pattern(shared);
           std::vector<float> a(n), b(n);
           Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> bv(b.data(), n);
           for (std::size_t tensors : {std::size_t(1), std::size_t(64)}) {
@@ -187,19 +192,34 @@ int main(int argc, char** argv) {
               MPI_Sendrecv(out.data(), static_cast<int>(drain_bytes), MPI_BYTE, peer, 7, in.data(),
                            static_cast<int>(drain_bytes), MPI_BYTE, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             };
-            auto series = [&](const std::function<void()>& f) {
-              if (drain_bytes) drain();
-              return time_median(reps, f);
+            // --series N: each variant's series N times, the variants in turn, and the median of
+            // all its repeats. On the emulated link a series settles in one of two states (at
+            // 64 KiB MPI's own median was 83 us in one series and 247 us in the next), so one
+            // series per variant compares states, not algorithms.
+            const std::vector<std::function<void()>> variants = {
+                [&] { MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+                [&] { kdist::adasum::allreduce(engine, shared, bounds, {}, in_place).wait(); },
+                adasum_run(kdist::adasum::Algorithm::vhdd, bytes),
+                adasum_run(kdist::adasum::Algorithm::vhdd),
+                adasum_run(kdist::adasum::Algorithm::doubling),
+                adasum_run(kdist::adasum::Algorithm::automatic)};
+            std::vector<std::vector<double>> pooled(variants.size());
+            std::vector<double> bound_samples;  // in place's bound, one after each of its repeats
+            const std::function<void(bool)> sample_bound = [&](bool counted) {
+              const double b = pattern.sample();
+              if (counted) bound_samples.push_back(b);
             };
-            const double t_mpi = series([&] {
-              MPI_Allreduce(MPI_IN_PLACE, a.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            });
-            const double t_in_place =
-                series([&] { kdist::adasum::allreduce(engine, shared, bounds, {}, in_place).wait(); });
-            const double t_whole = series(adasum_run(kdist::adasum::Algorithm::vhdd, bytes)),
-                         t_vhdd = series(adasum_run(kdist::adasum::Algorithm::vhdd)),
-                         t_doubling = series(adasum_run(kdist::adasum::Algorithm::doubling)),
-                         t_ada = series(adasum_run(kdist::adasum::Algorithm::automatic));
+            for (int k = 0; k < series_count; ++k)
+              for (std::size_t v = 0; v < variants.size(); ++v) {
+                if (drain_bytes) drain();
+                const std::vector<double> s = kdist_bench::time_samples(
+                    reps, variants[v], 1, v == 1 && pattern.usable() ? sample_bound : nullptr);
+                pooled[v].insert(pooled[v].end(), s.begin(), s.end());
+              }
+            const double in_place_bound = bound_samples.empty() ? 0.0 : kdist_bench::median(bound_samples);
+            const double t_mpi = kdist_bench::median(pooled[0]), t_in_place = kdist_bench::median(pooled[1]),
+                         t_whole = kdist_bench::median(pooled[2]), t_vhdd = kdist_bench::median(pooled[3]),
+                         t_doubling = kdist_bench::median(pooled[4]), t_ada = kdist_bench::median(pooled[5]);
             auto ratio = [](double t, double bound) { return bound > 0 ? t / bound : 0.0; };
             table->row({static_cast<long long>(bytes),
                         static_cast<long long>(tensors),

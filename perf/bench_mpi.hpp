@@ -7,6 +7,10 @@
 
 #include "bench_table.hpp"
 
+#include <functional>
+#include <utility>
+#include <vector>
+
 namespace kdist_bench {
 
 inline double max_over_ranks(double t) {
@@ -15,9 +19,10 @@ inline double max_over_ranks(double t) {
   return m;
 }
 
-/// Barrier, run f, max over ranks; median of `reps` such runs after two warm-ups.
+/// Barrier, run f, max over ranks: `reps` such times after two warm-ups. `after(counted)`, if
+/// given, runs untimed after each (a measurement to interleave with f's).
 template <class F>
-double time_median(int reps, F&& f, int batch = 1) {
+std::vector<double> time_samples(int reps, F&& f, int batch = 1, const std::function<void(bool)>& after = {}) {
   std::vector<double> s;
   for (int r = 0; r < reps + 2; ++r) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -25,8 +30,15 @@ double time_median(int reps, F&& f, int batch = 1) {
     for (int b = 0; b < batch; ++b) f();
     const double t = max_over_ranks(kdist::Clock::local_now() - t0) / batch;
     if (r >= 2) s.push_back(t);
+    if (after) after(r >= 2);
   }
-  return median(s);
+  return s;
+}
+
+/// The median of time_samples.
+template <class F>
+double time_median(int reps, F&& f, int batch = 1) {
+  return median(time_samples(reps, std::forward<F>(f), batch));
 }
 
 }  // namespace kdist_bench
