@@ -506,7 +506,7 @@ class Builder {
       return lower ? std::make_pair(mine, other) : std::make_pair(other, mine);
     };
     if (in_place) {
-      if (lv.mine_from != kNoRank && lv.theirs_from != kNoRank)  // both raw: both ranks skip the round
+      if (lv.mine_from != kNoRank && lv.theirs_from != kNoRank)  // both inputs as submitted (symmetric)
         hear_inputs_final({lv.partner}, kTagReady + l);
       else
         tell_and_hear({lv.partner}, kTagReady + l);
@@ -602,8 +602,8 @@ class Builder {
     }
   }
   // Before the first read of peers' inputs, unchanged since they submitted: with the Engine's
-  // check on, the schedule starts only once the ranks agree, which says that every rank has
-  // submitted, after syncing its window (allreduce_host), so the round would only repeat it.
+  // check on, the schedule starts only once every rank has submitted (Engine::submit), each
+  // after syncing its window (allreduce_host), so the one-byte round would only repeat that.
   void hear_inputs_final(const std::vector<int>& peers, int tag) {
     if (!engine_.options().check_consistency) return tell_and_hear(peers, tag);
     sched_.step();
@@ -848,7 +848,7 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
   if (s.window) what.label += "/in place";
   what.layout = std::move(layout);
-  if (s.window) s.window->sync();  // the caller's writes, before the check tells the peers (above)
+  if (s.window) s.window->sync();  // orders the caller's writes before the check's messages
   return engine.submit(std::move(sched), std::move(what), payload);
 }
 

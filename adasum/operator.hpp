@@ -1,8 +1,8 @@
 // The pairwise Adasum operator on fused buffers (ARCHITECTURE.md §3). For each tensor of a buffer
 // (boundaries given as element offsets), with d = a.b, na = a.a, nb = b.b accumulated in double:
 //   ca = na >= sqrt(DBL_MIN) ? 1 - d / (2 na) : 1,   cb likewise,   result = ca a + cb b
-// computed in double as fma(ca, a, cb b) and rounded once to the storage type. Coefficients are per tensor, never
-// per buffer.
+// computed in double as fma(ca, a, cb b) and rounded once to the storage type. Coefficients are
+// per tensor, never per buffer.
 //
 // The operator is split in two so that the distributed algorithm can sum the partials of a
 // tensor over every rank that holds a piece of it before applying them:
@@ -42,8 +42,9 @@ constexpr std::size_t kBlock = 64;
 /// multiply-add (one rounding per element, as a GPU computes it natively and an FMA unit on the
 /// host): element j of each group of eight goes to lane j; lanes j and j + 4 are then added, the
 /// tail after the last group goes to that sum's lane 0 in order, and the four are combined as
-/// (s0 + s1) + (s2 + s3). Eight lanes keep the host's vector units busy (four left the loop bound
-/// by the chain of dependent adds); the fixed order keeps the result deterministic on every path.
+/// (s0 + s1) + (s2 + s3). Eight lanes are two AVX2 vectors per sum (host_kernels.cpp), so each
+/// sum has two independent chains of fused adds; the fixed order keeps the result deterministic
+/// on every path.
 /// Raw pointers (host or device). ::fma: exact on every path; a call into libm on a host build
 /// without FMA code, which is why the host runs host_kernels' add_blocks_host instead.
 template <class T>

@@ -177,7 +177,9 @@ class Engine {
   template <class Exec, class V>
   Request recv(const Exec& exec, const V& v, int source, int tag, std::string label = "recv");
 
-  /// Runs a composite schedule; `what` is its signature (kind composite).
+  /// Runs a composite schedule; `what` is its signature (kind composite). With check_consistency
+  /// its first step starts only once the ranks agree, i.e. once every rank has submitted it
+  /// (adasum's in-place reads rely on that).
   Request submit(Schedule schedule, OpDescription what);
   /// The same, with `payload` exchanged with rank ^ 1 in the check (Adasum's small messages at
   /// 2 ranks: the whole operation is one message). The bytes cross before the ranks are known to

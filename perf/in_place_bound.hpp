@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "bench_mpi.hpp"
