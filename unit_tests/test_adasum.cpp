@@ -5,13 +5,14 @@
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/adasum/calibrate.hpp>
 #include <kdist/adasum/host_kernels.hpp>
-#include <stdexcept>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <type_traits>
 
 #include "adasum_reference.hpp"
@@ -307,6 +308,19 @@ TEST_CASE("Adasum: automatic takes doubling below small_bytes, the two agree to 
   }
 }
 
+// The last rank fails its Engine with `why` instead of calling run(); every other rank's run()
+// must throw naming it, no hang. Returns true on the ranks that ran.
+bool last_rank_fails_instead(kdist::comm::Engine& eng, const std::function<void()>& run, const std::string& why) {
+  const int P = eng.size(), me = eng.rank();
+  if (me == P - 1) {
+    eng.fail(std::runtime_error(why));
+    CHECK_FALSE(eng.healthy());
+    return false;
+  }
+  CHECK_THROWS_WITH(run(), Catch::Contains("rank " + std::to_string(P - 1) + " failed") && Catch::Contains(why));
+  return true;
+}
+
 TEST_CASE("Adasum doubling with its data in the check: a rank that fails instead is named on every rank",
           "[adasum][mpi]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
@@ -317,14 +331,12 @@ TEST_CASE("Adasum doubling with its data in the check: a rank that fails instead
   doubling.algorithm = adasum::Algorithm::doubling;
   const Vec x = input<double>(me, 300, 21);
   auto v = view_of<double>(x);
-  if (me == P - 1) {
-    eng.fail(std::runtime_error("rank gave up before its all-reduce"));
-    CHECK_FALSE(eng.healthy());
-  } else {
-    CHECK_THROWS_WITH(adasum::allreduce(TestExec(), eng, v, {0, 100, 300}, {}, doubling).wait(),
-                      Catch::Contains("rank " + std::to_string(P - 1) + " failed") &&
-                          Catch::Contains("rank gave up before its all-reduce"));
-  }
+  last_rank_fails_instead(
+      eng,
+      [&] {
+        adasum::allreduce(TestExec(), eng, v, {0, 100, 300}, {}, doubling).wait();
+      },
+      "rank gave up before its all-reduce");
 }
 
 TEST_CASE("Adasum doubling: level 0 rides in the signature check on a power of two, same bits either way",
@@ -562,6 +574,25 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
     mixed.in_place = me != P - 1;
     CHECK_THROWS_WITH(adasum::allreduce(eng, buf, bounds, {}, mixed).wait(), Catch::Contains("in place"));
   }
+}
+
+TEST_CASE("Adasum in place: a rank that fails instead of submitting is named on every rank, nobody reads its block",
+          "[adasum][mpi]") {
+  // With the check on, the first read of a partner's block waits for the check's agreement, not
+  // a message of its own: a partner that never submits must stop everyone before that read.
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  kdist::comm::Engine eng(world);
+  const auto bounds = awkward_bounds();
+  adasum::SharedBuffer<float> buf(eng, bounds.back());
+  for (std::size_t i = 0; i < buf.size(); ++i) buf.data()[i] = 1.0f + static_cast<float>(me);
+  adasum::Options o;
+  o.algorithm = adasum::Algorithm::vhdd;
+  if (last_rank_fails_instead(
+          eng, [&] { adasum::allreduce(eng, buf, bounds, {}, o).wait(); },
+          "rank gave up before its in-place all-reduce"))  // nothing ran: the block is as written
+    CHECK(std::all_of(buf.data(), buf.data() + buf.size(), [me](float x) { return x == 1.0f + me; }));
 }
 
 TEST_CASE("Adasum: the default chunk comes from the L2 cache size", "[adasum]") {
