@@ -1,8 +1,10 @@
 #include <kdist/adasum/host_kernels.hpp>
 #include <kdist/adasum/operator.hpp>
+#include <kdist/core/error.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KDIST_ADASUM_AVX2 1
@@ -18,8 +20,12 @@ namespace impl {
 namespace {
 
 template <class T>
-void apply_scalar(T* out, const T* a, const T* b, std::size_t n, double ca, double cb) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = apply_one(ca, a[i], cb, b[i]);
+void apply_scalar(T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const T r = apply_one(ca, a[i], cb, b[i]);
+    out[i] = r;
+    if (also) also[i] = r;
+  }
 }
 
 #if KDIST_ADASUM_AVX2
@@ -37,25 +43,25 @@ __attribute__((target("avx2"))) inline void store4(double* p, __m256d x) {
   _mm256_storeu_pd(p, x);
 }
 
-// add_block with lanes 0-3 of each group of eight in one vector and lanes 4-7 in another.
+// [(d0 + d1) + (d2 + d3), the same of p, of q, 0]: add_block's last combination, in registers
+// (a round trip through memory per block cost 10-15 % of the pass).
+__attribute__((target("avx2"))) inline __m256d combine_lanes(__m256d d, __m256d p, __m256d q) {
+  const __m256d dp = _mm256_hadd_pd(d, p);  // d0 + d1, p0 + p1, d2 + d3, p2 + p3
+  const __m256d qq = _mm256_hadd_pd(q, q);  // q0 + q1, q0 + q1, q2 + q3, q2 + q3
+  const __m128d sums = _mm_add_pd(_mm256_castpd256_pd128(dp), _mm256_extractf128_pd(dp, 1));
+  const __m128d qsum = _mm_add_sd(_mm256_castpd256_pd128(qq), _mm256_extractf128_pd(qq, 1));
+  return _mm256_insertf128_pd(_mm256_castpd128_pd256(sums), _mm_move_sd(_mm_setzero_pd(), qsum), 1);
+}
+
+// add_block over a block that ends early (the tail goes to lane 0 after lanes j and j + 4 met):
+// rare (the last block of a piece), so through memory.
 template <class T>
-__attribute__((target("avx2,fma"))) void add_block_avx2(const T* a, const T* b, std::size_t begin, std::size_t end,
-                                                        double* v) {
-  __m256d d = _mm256_setzero_pd(), p = d, q = d, d4 = d, p4 = d, q4 = d;
-  std::size_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    const __m256d x = load4(a + i), y = load4(b + i), x4 = load4(a + i + 4), y4 = load4(b + i + 4);
-    d = _mm256_fmadd_pd(x, y, d);
-    p = _mm256_fmadd_pd(x, x, p);
-    q = _mm256_fmadd_pd(y, y, q);
-    d4 = _mm256_fmadd_pd(x4, y4, d4);
-    p4 = _mm256_fmadd_pd(x4, x4, p4);
-    q4 = _mm256_fmadd_pd(y4, y4, q4);
-  }
+__attribute__((target("avx2,fma"))) void add_tail_block(__m256d d, __m256d p, __m256d q, const T* a, const T* b,
+                                                        std::size_t i, std::size_t end, double* v) {
   alignas(32) double dl[4], pl[4], ql[4];
-  _mm256_store_pd(dl, _mm256_add_pd(d, d4));
-  _mm256_store_pd(pl, _mm256_add_pd(p, p4));
-  _mm256_store_pd(ql, _mm256_add_pd(q, q4));
+  _mm256_store_pd(dl, d);
+  _mm256_store_pd(pl, p);
+  _mm256_store_pd(ql, q);
   for (; i < end; ++i) {
     const double x = a[i], y = b[i];
     dl[0] = std::fma(x, y, dl[0]);
@@ -67,54 +73,191 @@ __attribute__((target("avx2,fma"))) void add_block_avx2(const T* a, const T* b, 
   v[2] += (ql[0] + ql[1]) + (ql[2] + ql[3]);
 }
 
+// The groups of eight of [i, end) with lanes 0-3 in one vector and lanes 4-7 in another; returns
+// lanes j + (j + 4). i advances past the last whole group.
+template <class T>
+__attribute__((target("avx2,fma"))) inline void groups_avx2(const T* a, const T* b, std::size_t& i, std::size_t end,
+                                                            __m256d* dpq) {
+  __m256d d = _mm256_setzero_pd(), p = d, q = d, d4 = d, p4 = d, q4 = d;
+  for (; i + 8 <= end; i += 8) {
+    const __m256d x = load4(a + i), y = load4(b + i), x4 = load4(a + i + 4), y4 = load4(b + i + 4);
+    d = _mm256_fmadd_pd(x, y, d);
+    p = _mm256_fmadd_pd(x, x, p);
+    q = _mm256_fmadd_pd(y, y, q);
+    d4 = _mm256_fmadd_pd(x4, y4, d4);
+    p4 = _mm256_fmadd_pd(x4, x4, p4);
+    q4 = _mm256_fmadd_pd(y4, y4, q4);
+  }
+  dpq[0] = _mm256_add_pd(d, d4);
+  dpq[1] = _mm256_add_pd(p, p4);
+  dpq[2] = _mm256_add_pd(q, q4);
+}
+
 template <class T>
 __attribute__((target("avx2,fma"))) void add_blocks_avx2(const T* a, const T* b, std::size_t begin, std::size_t end,
                                                          double* v) {
-  for (std::size_t s = begin; s < end; s += kBlock) add_block_avx2(a, b, s, std::min(s + kBlock, end), v);
+  alignas(32) double acc_mem[4] = {v[0], v[1], v[2], 0.0};
+  __m256d acc = _mm256_load_pd(acc_mem), dpq[3];
+  std::size_t s = begin;
+  for (; s + kBlock <= end; s += kBlock) {
+    std::size_t i = s;
+    groups_avx2(a, b, i, s + kBlock, dpq);
+    acc = _mm256_add_pd(acc, combine_lanes(dpq[0], dpq[1], dpq[2]));
+  }
+  _mm256_store_pd(acc_mem, acc);
+  std::copy(acc_mem, acc_mem + 3, v);
+  if (s == end) return;
+  std::size_t i = s;
+  groups_avx2(a, b, i, end, dpq);
+  add_tail_block(dpq[0], dpq[1], dpq[2], a, b, i, end, v);
 }
 
 template <class T>
-__attribute__((target("avx2,fma"))) void apply_avx2(T* out, const T* a, const T* b, std::size_t n, double ca,
-                                                    double cb) {
+__attribute__((target("avx2,fma"))) void apply_avx2(T* out, const T* a, const T* b, std::size_t n, double ca, double cb,
+                                                    T* also) {
   const __m256d va = _mm256_set1_pd(ca), vb = _mm256_set1_pd(cb);
   std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) store4(out + i, _mm256_fmadd_pd(va, load4(a + i), _mm256_mul_pd(vb, load4(b + i))));
-  apply_scalar(out + i, a + i, b + i, n - i, ca, cb);
+  for (; i + 4 <= n; i += 4) {
+    const __m256d r = _mm256_fmadd_pd(va, load4(a + i), _mm256_mul_pd(vb, load4(b + i)));
+    store4(out + i, r);
+    if (also) store4(also + i, r);
+  }
+  apply_scalar(out + i, a + i, b + i, n - i, ca, cb, also ? also + i : nullptr);
 }
 
-const bool g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+// ---- AVX-512: add_block's eight lanes are one vector ------------------------------------------
+__attribute__((target("avx512f"))) inline __m512d load8(const float* p) {
+  return _mm512_cvtps_pd(_mm256_loadu_ps(p));
+}
+__attribute__((target("avx512f"))) inline __m512d load8(const double* p) {
+  return _mm512_loadu_pd(p);
+}
+__attribute__((target("avx512f"))) inline void store8(float* p, __m512d x) {
+  _mm256_storeu_ps(p, _mm512_cvtpd_ps(x));
+}
+__attribute__((target("avx512f"))) inline void store8(double* p, __m512d x) {
+  _mm512_storeu_pd(p, x);
+}
+// Lanes j + (j + 4).
+__attribute__((target("avx512f"))) inline __m256d fold_lanes(__m512d x) {
+  return _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd(x, 1));
+}
+
+template <class T>
+__attribute__((target("avx512f,avx2,fma"))) inline void groups_avx512(const T* a, const T* b, std::size_t& i,
+                                                                      std::size_t end, __m256d* dpq) {
+  __m512d d = _mm512_setzero_pd(), p = d, q = d;
+  for (; i + 8 <= end; i += 8) {
+    const __m512d x = load8(a + i), y = load8(b + i);
+    d = _mm512_fmadd_pd(x, y, d);
+    p = _mm512_fmadd_pd(x, x, p);
+    q = _mm512_fmadd_pd(y, y, q);
+  }
+  dpq[0] = fold_lanes(d);
+  dpq[1] = fold_lanes(p);
+  dpq[2] = fold_lanes(q);
+}
+
+template <class T>
+__attribute__((target("avx512f,avx2,fma"))) void add_blocks_avx512(const T* a, const T* b, std::size_t begin,
+                                                                   std::size_t end, double* v) {
+  alignas(32) double acc_mem[4] = {v[0], v[1], v[2], 0.0};
+  __m256d acc = _mm256_load_pd(acc_mem), dpq[3];
+  std::size_t s = begin;
+  for (; s + kBlock <= end; s += kBlock) {
+    std::size_t i = s;
+    groups_avx512(a, b, i, s + kBlock, dpq);
+    acc = _mm256_add_pd(acc, combine_lanes(dpq[0], dpq[1], dpq[2]));
+  }
+  _mm256_store_pd(acc_mem, acc);
+  std::copy(acc_mem, acc_mem + 3, v);
+  if (s == end) return;
+  std::size_t i = s;
+  groups_avx512(a, b, i, end, dpq);
+  add_tail_block(dpq[0], dpq[1], dpq[2], a, b, i, end, v);
+}
+
+template <class T>
+__attribute__((target("avx512f,avx2,fma"))) void apply_avx512(T* out, const T* a, const T* b, std::size_t n, double ca,
+                                                              double cb, T* also) {
+  const __m512d va = _mm512_set1_pd(ca), vb = _mm512_set1_pd(cb);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d r = _mm512_fmadd_pd(va, load8(a + i), _mm512_mul_pd(vb, load8(b + i)));
+    store8(out + i, r);
+    if (also) store8(also + i, r);
+  }
+  apply_scalar(out + i, a + i, b + i, n - i, ca, cb, also ? also + i : nullptr);
+}
+
+const bool g_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+const Isa g_isa = g_fma && __builtin_cpu_supports("avx512f") ? Isa::avx512 : g_fma ? Isa::avx2 : Isa::scalar;
+#else
+const Isa g_isa = Isa::scalar;
 #endif
+
+void check_isa(Isa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(g_isa))
+    kdist::impl::throw_invalid("kdist::adasum::impl::add_blocks_isa",
+                               std::string("this CPU does not run ") + to_string(isa) + ", only " + to_string(g_isa));
+}
 
 }  // namespace
 
-bool host_kernels_vectorised() {
-#if KDIST_ADASUM_AVX2
-  return g_avx2;
-#else
-  return false;
-#endif
+const char* to_string(Isa isa) {
+  switch (isa) {
+    case Isa::scalar:
+      return "scalar";
+    case Isa::avx2:
+      return "AVX2";
+    case Isa::avx512:
+      return "AVX-512";
+  }
+  return "unknown";
+}
+
+Isa host_isa() {
+  return g_isa;
 }
 
 template <class T>
-void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+  check_isa(isa);
 #if KDIST_ADASUM_AVX2
-  if (g_avx2) return add_blocks_avx2(a, b, begin, end, v);
+  if (isa == Isa::avx512) return add_blocks_avx512(a, b, begin, end, v);
+  if (isa == Isa::avx2) return add_blocks_avx2(a, b, begin, end, v);
 #endif
   for (std::size_t s = begin; s < end; s += kBlock) add_block(a, b, s, std::min(s + kBlock, end), v);
 }
 
 template <class T>
-void apply_host(T* out, const T* a, const T* b, std::size_t n, double ca, double cb) {
+void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
+  check_isa(isa);
 #if KDIST_ADASUM_AVX2
-  if (g_avx2) return apply_avx2(out, a, b, n, ca, cb);
+  if (isa == Isa::avx512) return apply_avx512(out, a, b, n, ca, cb, also);
+  if (isa == Isa::avx2) return apply_avx2(out, a, b, n, ca, cb, also);
 #endif
-  apply_scalar(out, a, b, n, ca, cb);
+  apply_scalar(out, a, b, n, ca, cb, also);
+}
+
+template <class T>
+void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+  add_blocks_isa(g_isa, a, b, begin, end, v);
+}
+
+template <class T>
+void apply_host(T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
+  apply_isa(g_isa, out, a, b, n, ca, cb, also);
 }
 
 template void add_blocks_host<float>(const float*, const float*, std::size_t, std::size_t, double*);
 template void add_blocks_host<double>(const double*, const double*, std::size_t, std::size_t, double*);
-template void apply_host<float>(float*, const float*, const float*, std::size_t, double, double);
-template void apply_host<double>(double*, const double*, const double*, std::size_t, double, double);
+template void apply_host<float>(float*, const float*, const float*, std::size_t, double, double, float*);
+template void apply_host<double>(double*, const double*, const double*, std::size_t, double, double, double*);
+template void add_blocks_isa<float>(Isa, const float*, const float*, std::size_t, std::size_t, double*);
+template void add_blocks_isa<double>(Isa, const double*, const double*, std::size_t, std::size_t, double*);
+template void apply_isa<float>(Isa, float*, const float*, const float*, std::size_t, double, double, float*);
+template void apply_isa<double>(Isa, double*, const double*, const double*, std::size_t, double, double, double*);
 
 }  // namespace impl
 }  // namespace adasum

@@ -165,23 +165,44 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
   REQUIRE_THROWS_WITH(adasum::combine(TestExec(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
 }
 
-TEMPLATE_TEST_CASE("host kernels (AVX2 where the CPU has it) give the scalar kernels' bits", "[adasum][operator]",
-                   float, double) {
+TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the scalar kernels' bits",
+                   "[adasum][operator]", float, double) {
   using T = TestType;
-  INFO("vectorised: " << adasum::impl::host_kernels_vectorised());
+  using adasum::impl::Isa;
+  INFO("widest on this CPU: " << adasum::impl::to_string(adasum::impl::host_isa()));
   const Vec xa = input<T>(0, 1000, 51), xb = input<T>(1, 1000, 51);
   const std::vector<T> a(xa.begin(), xa.end()), b(xb.begin(), xb.end());
-  for (std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 63, 64, 65, 130, 999}) {
-    double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
-    adasum::impl::add_blocks_host(a.data(), b.data(), 1, 1 + len, fast);
-    for (std::size_t s0 = 1; s0 < 1 + len; s0 += adasum::impl::kBlock)
-      adasum::impl::add_block(a.data(), b.data(), s0, std::min(s0 + adasum::impl::kBlock, 1 + len), slow);
-    CHECK(std::memcmp(fast, slow, sizeof fast) == 0);
-    std::vector<T> out_fast(len), out_slow(len);
-    adasum::impl::apply_host(out_fast.data(), a.data() + 1, b.data() + 1, len, 0.73, -1.21);
-    for (std::size_t i = 0; i < len; ++i) out_slow[i] = adasum::impl::apply_one(0.73, a[1 + i], -1.21, b[1 + i]);
-    CHECK(out_fast == out_slow);
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(adasum::impl::host_isa())) {
+      REQUIRE_THROWS_WITH(adasum::impl::apply_isa(isa, (T*)nullptr, a.data(), b.data(), 0, 1.0, 1.0),
+                          Catch::Contains("does not run"));
+      continue;
+    }
+    INFO("path " << adasum::impl::to_string(isa));
+    for (std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 192, 200, 999}) {
+      INFO("length " << len);
+      double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
+      adasum::impl::add_blocks_isa(isa, a.data(), b.data(), 1, 1 + len, fast);
+      for (std::size_t s0 = 1; s0 < 1 + len; s0 += adasum::impl::kBlock)
+        adasum::impl::add_block(a.data(), b.data(), s0, std::min(s0 + adasum::impl::kBlock, 1 + len), slow);
+      CHECK(std::memcmp(fast, slow, sizeof fast) == 0);
+      std::vector<T> out_fast(len), out_slow(len);
+      adasum::impl::apply_isa(isa, out_fast.data(), a.data() + 1, b.data() + 1, len, 0.73, -1.21);
+      for (std::size_t i = 0; i < len; ++i) out_slow[i] = adasum::impl::apply_one(0.73, a[1 + i], -1.21, b[1 + i]);
+      CHECK(out_fast == out_slow);
+      // Writing a second copy over b itself (the in-place push): both copies are the result.
+      std::vector<T> b_then_result(b.begin() + 1, b.begin() + 1 + static_cast<long>(len)), out2(len);
+      adasum::impl::apply_isa(isa, out2.data(), a.data() + 1, b_then_result.data(), len, 0.73, -1.21,
+                              b_then_result.data());
+      CHECK(out2 == out_slow);
+      CHECK(b_then_result == out_slow);
+    }
   }
+  // The dispatching entry points are the widest path.
+  double host[3] = {}, widest[3] = {};
+  adasum::impl::add_blocks_host(a.data(), b.data(), 0, 999, host);
+  adasum::impl::add_blocks_isa(adasum::impl::host_isa(), a.data(), b.data(), 0, 999, widest);
+  CHECK(std::memcmp(host, widest, sizeof host) == 0);
 }
 
 // ---- the distributed all-reduce ----------------------------------------------------------------
