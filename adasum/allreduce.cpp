@@ -105,8 +105,7 @@ class ScratchPool {
 // Schedule tags (< 4096): each step of one all-reduce uses its own.
 constexpr int kTagFold = 1, kTagFoldBad = 2, kTagUnfold = 3, kTagUnfoldBad = 4;
 constexpr int kTagHalve = 32, kTagGather = 96, kTagNode = 160, kTagCross = 1024;
-constexpr int kTagReady = 2048, kTagGathered = 2112, kTagDone = 2176, kTagNodeReady = 2177, kTagNodeGathered = 2178,
-              kTagNodeDone = 2179;
+constexpr int kTagReady = 2048, kTagGathered = 2112, kTagNodeReady = 2177, kTagNodeGathered = 2178;
 
 // The partials of one level's kept range [lo, hi) (offsets into the slice), fed chunk by chunk
 // as the partner's half arrives. Each tensor's piece is summed in kBlock-element blocks counted
@@ -172,24 +171,29 @@ inline void copy_bytes(void* dst, const void* src, std::size_t n) {
 
 // apply() of operator.hpp on host memory with the host kernels (the same bits): out := ca a + cb b
 // over the slice [begin, begin + len) of the global buffer, tensor by tensor; threads, when the
-// host space has them, take runs of 4096 elements.
+// host space has them, take runs of 4096 elements. With also_to (indexed like out), the same
+// pass writes the result there too (the in-place all-gather's push; it may be b, since each
+// element's b is read before its result is written).
 template <class T>
 void apply_slice(T* out, const T* a, const T* b, std::size_t begin, std::size_t len,
-                 const std::vector<std::size_t>& bounds, const double* summed) {
+                 const std::vector<std::size_t>& bounds, const double* summed, T* also_to = nullptr) {
   constexpr std::size_t kRun = 4096;
+  auto run = [=](std::size_t s, std::size_t e, double ca, double cb) {
+    impl::apply_host(out + s, a + s, b + s, e - s, ca, cb, also_to ? also_to + s : nullptr);
+  };
   for (std::size_t t = 0; t + 1 < bounds.size(); ++t) {
     std::size_t lo = 0, hi = 0;
     if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
     const double* p = summed + kPartials * t;
     const double ca = coefficient(p[0], p[1]), cb = coefficient(p[0], p[2]);
     if (Host().concurrency() == 1) {
-      impl::apply_host(out + lo, a + lo, b + lo, hi - lo, ca, cb);
+      run(lo, hi, ca, cb);
       continue;
     }
     Kokkos::parallel_for("kdist::adasum::apply", Kokkos::RangePolicy<Host>(0, (hi - lo + kRun - 1) / kRun),
                          [=](const std::size_t k) {
-                           const std::size_t s = lo + k * kRun, e = std::min(s + kRun, hi);
-                           impl::apply_host(out + s, a + s, b + s, e - s, ca, cb);
+                           const std::size_t s = lo + k * kRun;
+                           run(s, std::min(s + kRun, hi), ca, cb);
                          });
   }
 }
@@ -271,6 +275,7 @@ struct State {
     part = total;
   }
   void finish() {
+    if (window) window->sync();  // what peers pushed into this block, before the caller reads it
     if (counters) *counters = planned;
     check_finite();
     if (on_success) on_success();
@@ -365,7 +370,6 @@ class Builder {
       } else {
         for (int l = 0; l < L_; ++l) halving_level(l);
         for (int l = L_ - 1; l >= 0; --l) gather_level(l);
-        done_reading(read_me_, kTagDone);
       }
       if (folds_in_) unfold();
     }
@@ -530,13 +534,16 @@ class Builder {
     });
     node_sum(kTagNode + l);
     sum_partials_over_holders(l);
-    // The last level applies its first chunk here and the rest while the all-gather sends.
+    // The last level applies its first chunk here and the rest while the all-gather sends; in
+    // place, it writes the result into the partner's block as well (the all-gather's push).
     const std::size_t keep_n = lv.keep_hi - lv.keep_lo;
     const std::size_t apply_n = l == L_ - 1 && !in_place ? std::min(chunk_for(lv.partner), keep_n) : keep_n;
-    sched_.step().then([st = st_, a_b, keep_lo = lv.keep_lo, apply_n] {
+    T* push_to = l == L_ - 1 && in_place ? s_.block(lv.partner) + slice_offset() + lv.keep_lo : nullptr;
+    sched_.step().then([st = st_, a_b, keep_lo = lv.keep_lo, apply_n, push_to] {
       Phase phase("kdist::adasum::apply");
       const auto ab = a_b(*st);
-      apply_slice(st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data());
+      apply_slice(st->S + keep_lo, ab.first, ab.second, st->g0 + keep_lo, apply_n, st->bounds, st->part.data(),
+                  push_to);
     });
     lo_ = lv.keep_lo;
     hi_ = lv.keep_hi;
@@ -574,18 +581,24 @@ class Builder {
 
   // ---- in place, through the shared window (the data is this rank's block) -------------------
   //
-  // Levels whose partner shares the node read its block where it lies. Synchronisation: a rank
-  // tells a partner with a one-byte message (after MPI_Win_sync) that the range the partner will
-  // read is final, and reads only after the partner's message: at the start of a halving level
-  // (its vector after the level before), before a gather level (its piece). The first read of a
-  // partner's input as it was submitted needs no message when the Engine checks: the check's
-  // agreement, which comes before the first step, already says that the partner has submitted,
-  // and every rank syncs its window before submitting (hear_inputs_final). Writing is safe
-  // without more: at a halving level a rank writes only its kept half, which its partner does
-  // not read, and only after the partials round with that partner, which follows the partner's
-  // read of the other half; a gather level writes only the half that this level's partner read
-  // long before. Last, every gather partner says it is done reading before the operation
-  // completes, so the caller may write its buffer as soon as wait() returns.
+  // Levels whose partner shares the node read its block where it lies, and the all-gather writes
+  // into it. Reads: a rank tells a halving partner with a one-byte message (after MPI_Win_sync) that
+  // its vector after the level before is final, and the partner reads only after that message. The
+  // first read of a partner's input as submitted needs no message when the Engine checks: the
+  // check's agreement, which comes before the first step, already says that the partner has
+  // submitted, and every rank syncs its window before submitting (hear_inputs_final). Every read of
+  // a block (a partials pass, the node average) comes before a message that the reader sends the
+  // block's owner afterwards and the owner waits for (the partials round; in hierarchical mode the
+  // node's partials or gather round). Writes: a halving level writes only the kept half of one's own
+  // block, which the partner does not read. The all-gather pushes: at gather level l a rank writes
+  // its piece into the level-l partner's block at the same offsets (the last level's apply writes it
+  // there directly), then tells the partner with a one-byte message, which the partner waits for
+  // before it pushes the grown piece on. The range pushed into is the partner's sent half of level
+  // l: nobody reads it after that level's partials (the pusher read it then) and nobody else writes
+  // it. After its last message a rank syncs its window once more (State::finish), and the caller may
+  // read and write its buffer as soon as wait() returns: nothing is left that reads it or writes it.
+  // Pushing instead of reading the partner's piece saves the final "done reading" round and, at the
+  // last level, a pass: the apply stores each result twice.
 
   bool reads_in_place(int peer) const { return s_.window && (k_ == 1 || node_in_place_) && s_.block(peer) != nullptr; }
   // The partner's copy of this rank's slice: same offsets in its block (same node position).
@@ -608,25 +621,21 @@ class Builder {
     if (!engine_.options().check_consistency) return tell_and_hear(peers, tag);
     sched_.step();
   }
-  void done_reading(const std::vector<int>& peers, int tag) {
-    if (!peers.empty()) tell_and_hear(peers, tag);
-  }
-
+  // Gather level l, in place: push this rank's piece into the partner's block (the last level's
+  // apply already did), say so, and wait for the partner's piece.
   void gather_in_place(int l, int partner) {
-    const std::size_t plo = slices_[static_cast<std::size_t>(l)].first;
-    const std::size_t phi = slices_[static_cast<std::size_t>(l)].second;
-    const std::size_t olo = lo_ == plo ? hi_ : plo, ohi = lo_ == plo ? phi : lo_;  // partner's piece
-    const T* theirs = s_.block(partner) + slice_offset();
+    if (l != L_ - 1) {
+      T* theirs = s_.block(partner) + slice_offset();
+      sched_.step().then([st = st_, theirs, lo = lo_, hi = hi_] {
+        st->window->sync();  // the piece holds what the partner of the level before pushed
+        Phase phase("kdist::adasum::gather");
+        std::copy(st->S + lo, st->S + hi, theirs + lo);
+      });
+    }
     tell_and_hear({partner}, kTagGathered + l);
-    sched_.then([st = st_, theirs, olo, ohi] {
-      st->window->sync();
-      Phase phase("kdist::adasum::gather");
-      std::copy(theirs + olo, theirs + ohi, st->S + olo);
-    });
     s_.planned.in_place_levels += 1;
-    read_me_.push_back(partner);
-    lo_ = plo;
-    hi_ = phi;
+    lo_ = slices_[static_cast<std::size_t>(l)].first;
+    hi_ = slices_[static_cast<std::size_t>(l)].second;
   }
 
   // Hierarchical, in place: this rank's slice of the node average, read from every node peer's
@@ -654,25 +663,23 @@ class Builder {
     s_.planned.in_place_levels += 1;
   }
 
-  // Hierarchical, in place: copy every node peer's slice of the result from its block.
+  // Hierarchical, in place: push this rank's slice of the result into every node peer's block
+  // (where only its owner reads, and only after the message that follows), then hear theirs.
   void node_gather_in_place() {
     std::vector<int> peers;
-    std::vector<std::pair<const T*, std::size_t>> slices;  // block and offset of each peer's slice
+    std::vector<T*> blocks;
     for (int l = 0; l < k_; ++l)
       if (l != s_.local) {
         peers.push_back(hier_->node_peer(l));
-        slices.push_back({s_.block(hier_->node_peer(l)), s_.m * static_cast<std::size_t>(l)});
+        blocks.push_back(s_.block(hier_->node_peer(l)));
       }
-    tell_and_hear(peers, kTagNodeGathered);
-    sched_.then([st = st_, slices] {
+    sched_.step().then([st = st_, blocks] {
       st->window->sync();
       Phase phase("kdist::adasum::node_gather");
-      for (const auto& sl : slices) {
-        const std::size_t lo = std::min(sl.second, st->n), hi = std::min(sl.second + st->m, st->n);
-        std::copy(sl.first + lo, sl.first + hi, st->data + lo);
-      }
+      const std::size_t lo = std::min(st->g0, st->n), hi = std::min(st->g0 + st->m, st->n);
+      for (T* b : blocks) std::copy(st->data + lo, st->data + hi, b + lo);
     });
-    done_reading(peers, kTagNodeDone);
+    tell_and_hear(peers, kTagNodeGathered);
     s_.planned.in_place_levels += 1;
   }
 
@@ -792,8 +799,7 @@ class Builder {
   int me_, k_ = 1, N_ = 1, c_ = 0, Pp_ = 1, L_ = 0, q_ = 0, v_ = 0;
   bool doubling_ = false, raw_ = true, folds_in_ = false, last_lower_ = true, node_in_place_ = false,
        piggyback_ = false;
-  std::vector<int> read_me_;  // in-place gather partners: they read this rank's block until done
-  std::size_t chunk_ = 1;     // elements per VHDD chunk
+  std::size_t chunk_ = 1;  // elements per VHDD chunk
   bool chunk_everywhere_ = false;
 
   // A partner on this node is reached by MPI copying on the CPU, which a chunk's partial sums

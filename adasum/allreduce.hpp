@@ -52,7 +52,7 @@ struct AdasumCounters {
   long long partial_reductions = 0;  ///< small reductions of per-tensor partials
   long long partial_bytes_sent = 0;  ///< bytes of partials (and non-finite markers) sent
   long long vector_messages = 0;     ///< messages of vector data sent (one per chunk)
-  long long in_place_levels = 0;     ///< levels and node phases that read a peer's block in place
+  long long in_place_levels = 0;     ///< levels and node phases that read or write a peer's block in place
 };
 
 /// Node structure for hierarchical Adasum: the node-local and cross-node groups of one Engine
@@ -141,10 +141,12 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
 /// copying path bit for bit, flat or with nodes of two. `buffer` must outlive the request.
 /// Synchronisation: before a rank reads a range of a peer's block, the peer tells it (a one-byte
 /// message after MPI_Win_sync) that the range is final: its vector after the level before, its
-/// piece before a gather level, its input before the node average. A rank writes only ranges no
-/// peer still reads: its kept half, after the partials round with the partner that read the
-/// other half. Every rank that read this rank's block says so before the request completes, so
-/// the buffer may be written again as soon as wait() returns.
+/// input before the node average (for the first read of inputs, the Engine's check, when on,
+/// already says so). Every read comes before a message the reader then sends the block's owner
+/// (the partials round, the node's rounds). The all-gather pushes: a rank writes its piece into
+/// the partner's block (a range nobody reads any more), then tells it; the last level's apply
+/// writes both copies in one pass. Nothing reads or writes this rank's block once its last
+/// message has come, so the buffer may be read and written as soon as wait() returns.
 template <class T>
 comm::Request allreduce(comm::Engine& engine, SharedBuffer<T>& buffer, std::vector<std::size_t> bounds,
                         std::vector<std::string> labels, const Options& options) {

@@ -14,7 +14,8 @@
 // receive counted as one copy is generous to MPI's shared-memory path (two copies through its
 // cells) and exact for a zero-copy one; the network is not in the bound.
 // In place (in_place_s, a SharedBuffer read where it lies by ranks on one node): the same minus
-// both receive copies, plus the all-gather's one copy: 2 n' / copy + 3 n' / triad + 2 n' / read
+// both receive copies, and the all-gather's pushes as copies, less the read of the last level's,
+// which the apply writes from L1: (2 n' - n / P') / copy + 3 n' / triad + 2 n' / read
 // (in_place_stream_bound_s). That formula takes every byte at a private array's rate, but half of
 // them are lines the partner core has just written; in_place_bound_s is measured instead with the
 // passes' own access pattern on the same shared window, one sample after each repeat of the
@@ -161,9 +162,11 @@ int main(int argc, char** argv) {
           // is not vectorised in cache), and a bound must take the faster rate.
           const double vhdd_bound = P == 1 ? 0.0 : sum_bound + 2 * moved / std::max(bw.read, bw.copy);
           // In place (SharedBuffer): no receive copies; the partials read both halves where they
-          // lie, apply, and the all-gather copies the partners' results (one copy of n').
+          // lie, apply, and the all-gather pushes the results (copies of n' in all, the last
+          // level's, n / P', written by the apply without a read).
+          const double pushed = 2 * moved - static_cast<double>(bytes) / Pp;
           const double in_place_stream_bound =
-              P == 1 ? 0.0 : 2 * moved / bw.copy + 3 * moved / bw.triad + 2 * moved / std::max(bw.read, bw.copy);
+              P == 1 ? 0.0 : pushed / bw.copy + 3 * moved / bw.triad + 2 * moved / std::max(bw.read, bw.copy);
           kdist::adasum::SharedBuffer<float> shared(engine, n);
           kdist_bench::InPlaceBound pattern(shared);
           std::vector<float> a(n), b(n);

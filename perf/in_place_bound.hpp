@@ -6,9 +6,10 @@
 // private-array kernel sees.
 //   for each halving level l (partner p = rank ^ 2^l, the slice halved as VHDD halves it):
 //     read    s += mine[i] + p's[i] over the kept half   (the partial sums' traffic)
-//     triad   mine[i] = 0.5 (mine[i] + p's[i]) over the kept half  (the apply's traffic)
-//   for each level, last first:
-//     copy    mine[i] = p's[i] over the partner's piece  (the all-gather's traffic)
+//     triad   mine[i] = 0.5 (mine[i] + p's[i]) over the kept half  (the apply's traffic);
+//             at the last level p's[i] gets the result too  (the apply's push)
+//   for each level but the last, last first:
+//     push    p's[i] = mine[i] over this rank's piece  (the all-gather's traffic)
 // Every pass starts after a barrier and MPI_Win_sync on every rank (the algorithm's one-byte
 // messages order its passes the same way), and only the pass is timed. sample() returns the sum
 // over passes of the slowest rank's time: what these three dependent passes cost with the
@@ -54,20 +55,20 @@ class InPlaceBound {
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     usable_ = all == 1;
     if (!usable_) return;
-    std::vector<std::pair<std::size_t, std::size_t>> pieces;  // the partner's piece, per level
+    std::vector<std::pair<std::size_t, std::size_t>> kept;  // this rank's piece after each level
     std::size_t lo = 0, hi = buf.size();
     for (int d = 1; d < P; d *= 2) {
       const std::size_t mid = lo + (hi - lo) / 2;
       const bool lower = (me & d) == 0;
-      pieces.push_back(lower ? std::make_pair(mid, hi) : std::make_pair(lo, mid));
       lo = lower ? lo : mid;
       hi = lower ? mid : hi;
+      kept.push_back({lo, hi});
       passes_.push_back({Kind::read, me ^ d, lo, hi});
-      passes_.push_back({Kind::triad, me ^ d, lo, hi});
+      passes_.push_back({2 * d < P ? Kind::triad : Kind::triad_push, me ^ d, lo, hi});
     }
-    for (int l = static_cast<int>(pieces.size()) - 1; l >= 0; --l) {
-      const auto& piece = pieces[static_cast<std::size_t>(l)];
-      passes_.push_back({Kind::copy, me ^ (1 << l), piece.first, piece.second});
+    for (int l = static_cast<int>(kept.size()) - 2; l >= 0; --l) {
+      const auto& piece = kept[static_cast<std::size_t>(l)];
+      passes_.push_back({Kind::push, me ^ (1 << l), piece.first, piece.second});
     }
   }
   /// False (and sample() 0) unless the ranks are a power of two >= 2 on one node.
@@ -78,21 +79,23 @@ class InPlaceBound {
     double total = 0;
     for (const Pass& p : passes_) {
       float* mine = buf_.data();
-      const float* theirs = static_cast<const float*>(buf_.window().block(p.partner));
+      float* theirs = static_cast<float*>(buf_.window().block(p.partner));
       MPI_Barrier(MPI_COMM_WORLD);
       buf_.window().sync();
       const double t0 = kdist::Clock::local_now();
       if (p.kind == Kind::read) sink_ += impl::read_pair(mine + p.lo, theirs + p.lo, p.hi - p.lo);
       if (p.kind == Kind::triad)
         for (std::size_t i = p.lo; i < p.hi; ++i) mine[i] = 0.5f * (mine[i] + theirs[i]);
-      if (p.kind == Kind::copy) std::copy(theirs + p.lo, theirs + p.hi, mine + p.lo);
+      if (p.kind == Kind::triad_push)
+        for (std::size_t i = p.lo; i < p.hi; ++i) mine[i] = theirs[i] = 0.5f * (mine[i] + theirs[i]);
+      if (p.kind == Kind::push) std::copy(mine + p.lo, mine + p.hi, theirs + p.lo);
       total += max_over_ranks(kdist::Clock::local_now() - t0);
     }
     return sink_ < 0 ? total + 1e-30 : total;  // keeps the read pass's result alive
   }
 
  private:
-  enum class Kind { read, triad, copy };
+  enum class Kind { read, triad, triad_push, push };
   struct Pass {
     Kind kind;
     int partner;

@@ -521,7 +521,9 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
           o.counters = &c;
           auto h = buf.view();
           for (std::size_t i = 0; i < n; ++i) h(i) = static_cast<T>(x[i]);
+          const long long calls0 = eng.stats().payload_calls;
           adasum::allreduce(eng, buf, bounds, {}, o).wait();
+          const long long calls = eng.stats().payload_calls - calls0;
           INFO("P " << P << (hierarchy ? " nodes of 2" : " flat") << (in_place ? ", in place" : ", through MPI")
                     << ", chunk " << chunk << ": " << c.in_place_levels << " levels in place");
           CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(T)) == 0);
@@ -531,7 +533,15 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
           const bool folded_away = me < 2 * (P - pow2) && me % 2 == 1;  // takes part in no level
           if (in_place && shares && P > 1 && (!folded_away || hierarchy)) CHECK(c.in_place_levels > 0);
           if (!in_place) CHECK(c.in_place_levels == 0);
-          if (in_place && shares && P == pow2 && !hierarchy) CHECK(c.vector_bytes_sent == 0);
+          if (in_place && shares && P == pow2 && !hierarchy) {
+            CHECK(c.vector_bytes_sent == 0);
+            // The messages of the push protocol (a send and a receive each): level l's partials
+            // round (l + 1 exchanges), a "ready" token at every level but the first (the
+            // check's agreement stands in for it), a "pushed" token per gather level, no more.
+            int L = 0;
+            while ((2 << L) <= P) ++L;
+            if (P > 1) CHECK(calls == L * (L + 1) + 2 * (L - 1) + 2 * L);
+          }
         }
     }
   }
