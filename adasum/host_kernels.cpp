@@ -202,10 +202,10 @@ const Isa g_isa = g_fma && __builtin_cpu_supports("avx512f") ? Isa::avx512 : g_f
 const Isa g_isa = Isa::scalar;
 #endif
 
-void check_isa(Isa isa) {
+void check_isa(const char* func, Isa isa) {
   if (static_cast<int>(isa) > static_cast<int>(g_isa))
-    kdist::impl::throw_invalid("kdist::adasum::impl::add_blocks_isa",
-                               std::string("this CPU does not run ") + to_string(isa) + ", only " + to_string(g_isa));
+    kdist::impl::throw_invalid(
+        func, std::string("this CPU does not run ") + to_string(isa) + ", only up to " + to_string(g_isa));
 }
 
 }  // namespace
@@ -228,7 +228,7 @@ Isa host_isa() {
 
 template <class T>
 void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  check_isa(isa);
+  check_isa("kdist::adasum::impl::add_blocks_isa", isa);
 #if KDIST_ADASUM_AVX2
   if (isa == Isa::avx512) return add_blocks_avx512(a, b, begin, end, v);
   if (isa == Isa::avx2) return add_blocks_avx2(a, b, begin, end, v);
@@ -238,7 +238,7 @@ void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::siz
 
 template <class T>
 void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
-  check_isa(isa);
+  check_isa("kdist::adasum::impl::apply_isa", isa);
 #if KDIST_ADASUM_AVX2
   if (isa == Isa::avx512) return apply_avx512(out, a, b, n, ca, cb, also);
   if (isa == Isa::avx2) return apply_avx2(out, a, b, n, ca, cb, also);
