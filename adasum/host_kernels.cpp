@@ -226,9 +226,12 @@ Isa host_isa() {
   return g_isa;
 }
 
+namespace {
+
+// The kernels of one instruction set the CPU runs (unchecked: the host entry points pass their
+// own g_isa; the *_isa ones check a caller's choice first).
 template <class T>
-void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  check_isa("kdist::adasum::impl::add_blocks_isa", isa);
+void add_blocks_on(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
 #if KDIST_ADASUM_AVX2
   if (isa == Isa::avx512) return add_blocks_avx512(a, b, begin, end, v);
   if (isa == Isa::avx2) return add_blocks_avx2(a, b, begin, end, v);
@@ -237,8 +240,7 @@ void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::siz
 }
 
 template <class T>
-void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
-  check_isa("kdist::adasum::impl::apply_isa", isa);
+void apply_on(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
 #if KDIST_ADASUM_AVX2
   if (isa == Isa::avx512) return apply_avx512(out, a, b, n, ca, cb, also);
   if (isa == Isa::avx2) return apply_avx2(out, a, b, n, ca, cb, also);
@@ -246,14 +248,28 @@ void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca
   apply_scalar(out, a, b, n, ca, cb, also);
 }
 
+}  // namespace
+
+template <class T>
+void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+  check_isa("kdist::adasum::impl::add_blocks_isa", isa);
+  add_blocks_on(isa, a, b, begin, end, v);
+}
+
+template <class T>
+void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
+  check_isa("kdist::adasum::impl::apply_isa", isa);
+  apply_on(isa, out, a, b, n, ca, cb, also);
+}
+
 template <class T>
 void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  add_blocks_isa(g_isa, a, b, begin, end, v);
+  add_blocks_on(g_isa, a, b, begin, end, v);
 }
 
 template <class T>
 void apply_host(T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also) {
-  apply_isa(g_isa, out, a, b, n, ca, cb, also);
+  apply_on(g_isa, out, a, b, n, ca, cb, also);
 }
 
 template void add_blocks_host<float>(const float*, const float*, std::size_t, std::size_t, double*);
