@@ -179,7 +179,8 @@ TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the
       continue;
     }
     INFO("path " << adasum::impl::to_string(isa));
-    for (std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 192, 200, 999}) {
+    for (std::size_t len : {0,   1,   3,   4,   5,   7,   8,   9,   15,  16,  17,  63,  64, 65,
+                            127, 128, 129, 191, 192, 200, 255, 256, 257, 320, 511, 512, 999}) {
       INFO("length " << len);
       double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
       adasum::impl::add_blocks_isa(isa, a.data(), b.data(), 1, 1 + len, fast);
