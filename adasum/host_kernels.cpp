@@ -164,48 +164,16 @@ __attribute__((target("avx512f,avx2,fma"))) inline void groups_avx512(const T* a
   dpq[2] = fold_lanes(q);
 }
 
-// Four blocks' sums of one quantity from their lane vectors, each formed as combine_lanes forms
-// it, ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), but across the four vectors at once:
-// seven shuffles for four blocks where one block alone takes about nine. Blocks 0-3 land in
-// lanes 0, 4, 1, 5.
-__attribute__((target("avx512f"))) inline __m512d block_sums4(__m512d b0, __m512d b1, __m512d b2, __m512d b3) {
-  const __m512d s01 = _mm512_add_pd(_mm512_shuffle_f64x2(b0, b1, 0x44), _mm512_shuffle_f64x2(b0, b1, 0xEE));
-  const __m512d s23 = _mm512_add_pd(_mm512_shuffle_f64x2(b2, b3, 0x44), _mm512_shuffle_f64x2(b2, b3, 0xEE));
-  // [b0 (s0 + s1), b2 (s0 + s1), b0 (s2 + s3), b2 (s2 + s3), then the same of b1, b3]
-  const __m512d h = _mm512_add_pd(_mm512_unpacklo_pd(s01, s23), _mm512_unpackhi_pd(s01, s23));
-  return _mm512_add_pd(h, _mm512_shuffle_f64x2(h, h, 0xB1));
-}
-
-// Four whole blocks from s, their FMA chains interleaved, each block's sums added to v in order.
-// The pass is bound by the FMA pipes, which the shuffles of a per-block combination share: this
-// took the partial sums of 128 Ki float pairs in L2 from 14.2 to 12.9 us (a plain read: 9 us).
-template <class T>
-__attribute__((target("avx512f,avx2,fma"))) inline void four_blocks_avx512(const T* a, const T* b, std::size_t s,
-                                                                           double* v) {
-  __m512d d[4], p[4], q[4];
-  for (int k = 0; k < 4; ++k) d[k] = p[k] = q[k] = _mm512_setzero_pd();
-  for (std::size_t i = 0; i < kBlock; i += 8)
-    for (int k = 0; k < 4; ++k) {
-      const std::size_t o = s + static_cast<std::size_t>(k) * kBlock + i;
-      const __m512d x = load8(a + o), y = load8(b + o);
-      d[k] = _mm512_fmadd_pd(x, y, d[k]);
-      p[k] = _mm512_fmadd_pd(x, x, p[k]);
-      q[k] = _mm512_fmadd_pd(y, y, q[k]);
-    }
-  alignas(64) double sums[3][8];
-  _mm512_store_pd(sums[0], block_sums4(d[0], d[1], d[2], d[3]));
-  _mm512_store_pd(sums[1], block_sums4(p[0], p[1], p[2], p[3]));
-  _mm512_store_pd(sums[2], block_sums4(q[0], q[1], q[2], q[3]));
-  for (int j = 0; j < 3; ++j) v[j] = (((v[j] + sums[j][0]) + sums[j][4]) + sums[j][1]) + sums[j][5];
-}
-
+// One block at a time. Combining four blocks' lanes at once (seven shuffles for four blocks, where
+// one block takes about nine; the same bits) made the partial sums 9-12 % faster in L2 and L3 but
+// 24 % slower from DRAM, where the four blocks' interleaved loads are four read streams per
+// array (perf/bench_host_kernels, 2026-12-02): not taken.
 template <class T>
 __attribute__((target("avx512f,avx2,fma"))) void add_blocks_avx512(const T* a, const T* b, std::size_t begin,
                                                                    std::size_t end, double* v) {
-  std::size_t s = begin;
-  for (; s + 4 * kBlock <= end; s += 4 * kBlock) four_blocks_avx512(a, b, s, v);
   alignas(32) double acc_mem[4] = {v[0], v[1], v[2], 0.0};
   __m256d acc = _mm256_load_pd(acc_mem), dpq[3];
+  std::size_t s = begin;
   for (; s + kBlock <= end; s += kBlock) {
     std::size_t i = s;
     groups_avx512(a, b, i, s + kBlock, dpq);
