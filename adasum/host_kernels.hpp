@@ -4,12 +4,13 @@
 // multiply-adds, multiplies and adds in the same order as the scalar code (add_block's eight
 // lanes are one AVX-512 vector or two AVX2 ones), so every path gives the same bits, and ranks on
 // different CPUs (and a GPU, which fuses natively) still agree. The arithmetic, not memory,
-// bounds the partial sums: for 128 Ki float pairs in L2 a plain read takes 10-11 us, and the
-// partial sums took 25 us with four unfused lanes, 18-21 us with eight fused AVX2 ones, 15 us
-// in AVX-512 on a Zen 5 core (more independent FMA chains gained 3 %: not latency, but the
-// float-to-double conversions and the FMAs' throughput). A block's lanes and the running total
-// are combined in registers. The scalar fallback's ::fma is a libm call on x86 builds without
-// FMA code: exact, but slower.
+// bounds the partial sums: for 128 Ki float pairs in L2 a plain read takes 9-11 us, and the
+// partial sums took 25 us with four unfused lanes, 18-21 us with eight fused AVX2 ones, 13-15 us
+// in AVX-512 on a Zen 5 core (perf/bench_host_kernels measures each path against the read). The
+// conversions and three FMAs per pair alone run at read speed; the rest is each block's
+// combination (shuffles and adds that share the FMA pipes), which the fixed order requires. A
+// block's lanes and the running total are combined in registers. The scalar fallback's ::fma is
+// a libm call on x86 builds without FMA code: exact, but slower.
 #pragma once
 
 #include <cstddef>
