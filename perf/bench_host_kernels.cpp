@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
     row.push_back(t_widest / t_read);
     table.row(row);
   }
+  table.context("checksum", sink);  // keeps the reads alive
   table.write_json(json);
-  return sink == 12345.0f ? 1 : 0;  // keeps the reads alive
+  return 0;
 }
