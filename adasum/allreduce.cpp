@@ -349,6 +349,7 @@ class Builder {
   }
 
   comm::Schedule build() {
+    sched_.reserve(static_cast<std::size_t>(8 + 6 * L_));
     node_average();
     lo_ = 0;
     hi_ = s_.m;
@@ -362,8 +363,10 @@ class Builder {
       fold_away();
     } else {
       v_ = folds_in_ ? c_ / 2 : c_ - q_;
-      // Scratch: the whole slice for the fold and for doubling, half of it for the halving steps.
-      s_.tmp_buf = ScratchPool<T>::get(folds_in_ || doubling_ ? s_.m : (s_.m + 1) / 2);
+      // Scratch: the whole slice for the fold and for doubling, half of it for the halving steps;
+      // none when every level reads its partner in place (a pool visit costs locks and allocations).
+      if (folds_in_ || doubling_ || !every_level_in_place())
+        s_.tmp_buf = ScratchPool<T>::get(folds_in_ || doubling_ ? s_.m : (s_.m + 1) / 2);
       if (folds_in_) fold_in();
       if (doubling_) {
         for (int l = 0; l < L_; ++l) doubling_level(l);
@@ -601,6 +604,11 @@ class Builder {
   // last level, a pass: the apply stores each result twice.
 
   bool reads_in_place(int peer) const { return s_.window && (k_ == 1 || node_in_place_) && s_.block(peer) != nullptr; }
+  bool every_level_in_place() const {
+    for (int l = 0; l < L_; ++l)
+      if (!reads_in_place(real(v_ ^ (1 << l)))) return false;
+    return true;
+  }
   // The partner's copy of this rank's slice: same offsets in its block (same node position).
   std::size_t slice_offset() const { return static_cast<std::size_t>(s_.S - s_.data); }
 

@@ -102,6 +102,11 @@ class Schedule {
 
   explicit Schedule(std::string label = "composite") : label_(std::move(label)) {}
 
+  /// Room for this many steps without reallocating (each step holds std::functions to move).
+  Schedule& reserve(std::size_t steps) {
+    steps_.reserve(steps);
+    return *this;
+  }
   /// Starts a new step; transfers, a collective and local work added next belong to it.
   Schedule& step() {
     steps_.emplace_back();
