@@ -48,8 +48,6 @@
 #include <sstream>
 #include <utility>
 
-#include <unistd.h>
-
 namespace kdist {
 namespace adasum {
 
@@ -125,6 +123,7 @@ class PartialStream {
     bounds_ = bounds;
     part_ = part;
     t_ = 0;
+    where_ = impl::locality_of(2 * (hi - lo) * sizeof(T));
     std::fill(part, part + kPartials * (bounds->size() - 1), 0.0);
   }
   // Adds every block of [done, upto) that is complete; a and b point at element lo.
@@ -147,8 +146,8 @@ class PartialStream {
   void finish(const T* a, const T* b) { feed(a, b, hi_); }
 
  private:
-  static void add_run(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-    if (Host().concurrency() == 1) return impl::add_blocks_host(a, b, begin, end, v);
+  void add_run(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) const {
+    if (Host().concurrency() == 1) return impl::add_blocks_host(a, b, begin, end, v, where_);
     const std::size_t blocks = (end - begin + impl::kBlock - 1) / impl::kBlock;
     std::vector<double> sums(kPartials * blocks, 0.0);
     double* out = sums.data();
@@ -160,6 +159,7 @@ class PartialStream {
       for (int j = 0; j < kPartials; ++j) v[j] += out[kPartials * k + static_cast<std::size_t>(j)];
   }
   std::size_t lo_ = 0, hi_ = 0, done_ = 0, g0_ = 0, t_ = 0;
+  impl::Locality where_ = impl::Locality::memory;  // the pass's inputs fit in L2: interleave blocks
   const std::vector<std::size_t>* bounds_ = nullptr;
   double* part_ = nullptr;
 };
@@ -874,18 +874,9 @@ template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_
 }  // namespace impl
 
 std::size_t default_chunk_bytes() {
-  // Once per process: glibc answers by executing cpuid each call (a trap in a virtual machine),
-  // and every all-reduce asks.
-  static const std::size_t bytes = [] {
-    constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
-    long l2 = -1;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    if (l2 <= 0) return std::size_t(256u << 10);
-    return std::min(hi, std::max(lo, static_cast<std::size_t>(l2) / 8));
-  }();
-  return bytes;
+  constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
+  const std::size_t l2 = impl::l2_cache_bytes();
+  return l2 ? std::min(hi, std::max(lo, l2 / 8)) : std::size_t(256u << 10);
 }
 
 const char* to_string(Algorithm a) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include <unistd.h>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KDIST_ADASUM_AVX2 1
 // GCC 12 reports its own AVX-512 intrinsics as maybe used uninitialized once they are inlined here
@@ -164,16 +166,50 @@ __attribute__((target("avx512f,avx2,fma"))) inline void groups_avx512(const T* a
   dpq[2] = fold_lanes(q);
 }
 
-// One block at a time. Combining four blocks' lanes at once (seven shuffles for four blocks, where
-// one block takes about nine; the same bits) made the partial sums 9-12 % faster in L2 and L3 but
-// 24 % slower from DRAM, where the four blocks' interleaved loads are four read streams per
-// array (perf/bench_host_kernels, 2026-12-02): not taken.
+// Four blocks' sums of one quantity from their lane vectors, each formed as combine_lanes forms
+// it, ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), but across the four vectors at once:
+// seven shuffles for four blocks where one block alone takes about nine. Blocks 0-3 land in
+// lanes 0, 4, 1, 5.
+__attribute__((target("avx512f"))) inline __m512d block_sums4(__m512d b0, __m512d b1, __m512d b2, __m512d b3) {
+  const __m512d s01 = _mm512_add_pd(_mm512_shuffle_f64x2(b0, b1, 0x44), _mm512_shuffle_f64x2(b0, b1, 0xEE));
+  const __m512d s23 = _mm512_add_pd(_mm512_shuffle_f64x2(b2, b3, 0x44), _mm512_shuffle_f64x2(b2, b3, 0xEE));
+  // [b0 (s0 + s1), b2 (s0 + s1), b0 (s2 + s3), b2 (s2 + s3), then the same of b1, b3]
+  const __m512d h = _mm512_add_pd(_mm512_unpacklo_pd(s01, s23), _mm512_unpackhi_pd(s01, s23));
+  return _mm512_add_pd(h, _mm512_shuffle_f64x2(h, h, 0xB1));
+}
+
+// Four whole blocks from s, their FMA chains interleaved, each block's sums added to v in order.
+// In cache the pass is bound by the FMA pipes, which a per-block combination's shuffles share:
+// this is 9-12 % faster from L2 and L3. From DRAM it is 24 % slower: the interleaved blocks are
+// four read streams per array (perf/bench_host_kernels). Hence Locality.
+template <class T>
+__attribute__((target("avx512f,avx2,fma"))) inline void four_blocks_avx512(const T* a, const T* b, std::size_t s,
+                                                                           double* v) {
+  __m512d d[4], p[4], q[4];
+  for (int k = 0; k < 4; ++k) d[k] = p[k] = q[k] = _mm512_setzero_pd();
+  for (std::size_t i = 0; i < kBlock; i += 8)
+    for (int k = 0; k < 4; ++k) {
+      const std::size_t o = s + static_cast<std::size_t>(k) * kBlock + i;
+      const __m512d x = load8(a + o), y = load8(b + o);
+      d[k] = _mm512_fmadd_pd(x, y, d[k]);
+      p[k] = _mm512_fmadd_pd(x, x, p[k]);
+      q[k] = _mm512_fmadd_pd(y, y, q[k]);
+    }
+  alignas(64) double sums[3][8];
+  _mm512_store_pd(sums[0], block_sums4(d[0], d[1], d[2], d[3]));
+  _mm512_store_pd(sums[1], block_sums4(p[0], p[1], p[2], p[3]));
+  _mm512_store_pd(sums[2], block_sums4(q[0], q[1], q[2], q[3]));
+  for (int j = 0; j < 3; ++j) v[j] = (((v[j] + sums[j][0]) + sums[j][4]) + sums[j][1]) + sums[j][5];
+}
+
 template <class T>
 __attribute__((target("avx512f,avx2,fma"))) void add_blocks_avx512(const T* a, const T* b, std::size_t begin,
-                                                                   std::size_t end, double* v) {
+                                                                   std::size_t end, double* v, Locality where) {
+  std::size_t s = begin;
+  if (where == Locality::cache)
+    for (; s + 4 * kBlock <= end; s += 4 * kBlock) four_blocks_avx512(a, b, s, v);
   alignas(32) double acc_mem[4] = {v[0], v[1], v[2], 0.0};
   __m256d acc = _mm256_load_pd(acc_mem), dpq[3];
-  std::size_t s = begin;
   for (; s + kBlock <= end; s += kBlock) {
     std::size_t i = s;
     groups_avx512(a, b, i, s + kBlock, dpq);
@@ -230,14 +266,31 @@ Isa host_isa() {
   return g_isa;
 }
 
+std::size_t l2_cache_bytes() {
+  // Once per process: glibc answers by executing cpuid each call (a trap in a virtual machine).
+  static const std::size_t bytes = [] {
+    long l2 = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return l2 > 0 ? static_cast<std::size_t>(l2) : std::size_t(0);
+  }();
+  return bytes;
+}
+
+Locality locality_of(std::size_t input_bytes) {
+  const std::size_t l2 = l2_cache_bytes();
+  return input_bytes <= (l2 ? l2 : std::size_t(1) << 20) ? Locality::cache : Locality::memory;
+}
+
 namespace {
 
 // The kernels of one instruction set the CPU runs (unchecked: the host entry points pass their
 // own g_isa; the *_isa ones check a caller's choice first).
 template <class T>
-void add_blocks_on(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+void add_blocks_on(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v, Locality where) {
 #if KDIST_ADASUM_AVX2
-  if (isa == Isa::avx512) return add_blocks_avx512(a, b, begin, end, v);
+  if (isa == Isa::avx512) return add_blocks_avx512(a, b, begin, end, v, where);
   if (isa == Isa::avx2) return add_blocks_avx2(a, b, begin, end, v);
 #endif
   for (std::size_t s = begin; s < end; s += kBlock) add_block(a, b, s, std::min(s + kBlock, end), v);
@@ -255,9 +308,9 @@ void apply_on(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca,
 }  // namespace
 
 template <class T>
-void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
+void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v, Locality where) {
   check_isa("kdist::adasum::impl::add_blocks_isa", isa);
-  add_blocks_on(isa, a, b, begin, end, v);
+  add_blocks_on(isa, a, b, begin, end, v, where);
 }
 
 template <class T>
@@ -267,8 +320,8 @@ void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca
 }
 
 template <class T>
-void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
-  add_blocks_on(g_isa, a, b, begin, end, v);
+void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v, Locality where) {
+  add_blocks_on(g_isa, a, b, begin, end, v, where);
 }
 
 template <class T>
@@ -276,12 +329,12 @@ void apply_host(T* out, const T* a, const T* b, std::size_t n, double ca, double
   apply_on(g_isa, out, a, b, n, ca, cb, also);
 }
 
-template void add_blocks_host<float>(const float*, const float*, std::size_t, std::size_t, double*);
-template void add_blocks_host<double>(const double*, const double*, std::size_t, std::size_t, double*);
+template void add_blocks_host<float>(const float*, const float*, std::size_t, std::size_t, double*, Locality);
+template void add_blocks_host<double>(const double*, const double*, std::size_t, std::size_t, double*, Locality);
 template void apply_host<float>(float*, const float*, const float*, std::size_t, double, double, float*);
 template void apply_host<double>(double*, const double*, const double*, std::size_t, double, double, double*);
-template void add_blocks_isa<float>(Isa, const float*, const float*, std::size_t, std::size_t, double*);
-template void add_blocks_isa<double>(Isa, const double*, const double*, std::size_t, std::size_t, double*);
+template void add_blocks_isa<float>(Isa, const float*, const float*, std::size_t, std::size_t, double*, Locality);
+template void add_blocks_isa<double>(Isa, const double*, const double*, std::size_t, std::size_t, double*, Locality);
 template void apply_isa<float>(Isa, float*, const float*, const float*, std::size_t, double, double, float*);
 template void apply_isa<double>(Isa, double*, const double*, const double*, std::size_t, double, double, double*);
 

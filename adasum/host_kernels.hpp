@@ -19,10 +19,20 @@ namespace kdist {
 namespace adasum {
 namespace impl {
 
+/// Where a pass expects its inputs: `cache` lets the AVX-512 partial sums interleave four blocks
+/// (faster from L2 and L3, slower from DRAM, where that makes four read streams per array),
+/// `memory` keeps one block at a time. The bits are the same either way.
+enum class Locality { memory, cache };
+/// This core's L2 cache in bytes (sysconf, asked once); 0 when unknown.
+std::size_t l2_cache_bytes();
+/// `cache` for a pass whose inputs total at most the L2 size (1 MiB when unknown), else `memory`.
+Locality locality_of(std::size_t input_bytes);
+
 /// v[0..2] += [a.b, a.a, b.b] over [begin, end), block by block (kBlock elements from begin),
 /// each block as add_block sums it, the blocks added in order.
 template <class T>
-void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v);
+void add_blocks_host(const T* a, const T* b, std::size_t begin, std::size_t end, double* v,
+                     Locality where = Locality::memory);
 
 /// out[i] := ca a[i] + cb b[i] in double, rounded once to T, for i < n, and also[i] := the same
 /// when also is not null (one pass writing two places; out and also may alias a or b).
@@ -36,7 +46,8 @@ const char* to_string(Isa isa);
 Isa host_isa();
 /// The same kernels on a chosen instruction set (for tests comparing paths); isa <= host_isa().
 template <class T>
-void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v);
+void add_blocks_isa(Isa isa, const T* a, const T* b, std::size_t begin, std::size_t end, double* v,
+                    Locality where = Locality::memory);
 template <class T>
 void apply_isa(Isa isa, T* out, const T* a, const T* b, std::size_t n, double ca, double cb, T* also = nullptr);
 

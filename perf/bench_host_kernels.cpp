@@ -2,12 +2,13 @@
 // one core, against a plain read of the same bytes measured in the same run.
 //
 // For each size (float pairs a[i], b[i], summed as one tensor's piece): the partial sums
-// [a.b, a.a, b.b] on every instruction set this CPU runs, the apply pass (out = ca a + cb b,
+// [a.b, a.a, b.b] on every instruction set this CPU runs (AVX-512 also with Locality::cache: four
+// blocks interleaved, as passes that fit in L2 take them), the apply pass (out = ca a + cb b,
 // written twice as the in-place push does) on the widest, and the baseline: s += a[i] + b[i]
 // over the same arrays (the pattern bound's read pass, perf/in_place_bound.hpp). Medians of
 // --reps repeats, each on arrays left in cache by the repeat before (up to 128 Ki pairs they fit
-// in a 1 MiB L2). The last column is the widest partial sums over the read: what the
-// arithmetic costs beyond moving the bytes.
+// in a 1 MiB L2). The last column is the widest partial sums (Locality::memory) over the read:
+// what the arithmetic costs beyond moving the bytes.
 //   build/perf/bench_host_kernels --reps 301 --json F
 #include <kdist/adasum/host_kernels.hpp>
 #include <kdist/core/timer.hpp>
@@ -47,8 +48,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const Isa widest = kdist::adasum::impl::host_isa();
-  kdist_bench::Table table("bench_host_kernels", {"pairs", "read_s", "partials_scalar_s", "partials_avx2_s",
-                                                  "partials_avx512_s", "apply_s", "partials/read"});
+  kdist_bench::Table table("bench_host_kernels",
+                           {"pairs", "read_s", "partials_scalar_s", "partials_avx2_s", "partials_avx512_s",
+                            "partials_avx512_cache_s", "apply_s", "partials/read"});
   table.context("widest_isa", kdist::adasum::impl::to_string(widest));
   table.print_header();
   float sink = 0;
@@ -72,6 +74,13 @@ int main(int argc, char** argv) {
       sink += static_cast<float>(v[0]);
       row.push_back(t_widest);
     }
+    double v[3] = {};  // AVX-512 with Locality::cache: four blocks interleaved
+    const auto cached = [&] {
+      kdist::adasum::impl::add_blocks_isa(Isa::avx512, a.data(), b.data(), 0, n, v,
+                                          kdist::adasum::impl::Locality::cache);
+    };
+    row.push_back(widest == Isa::avx512 ? median_time(reps, cached) : 0.0);
+    sink += static_cast<float>(v[0]);
     row.push_back(median_time(
         reps, [&] { kdist::adasum::impl::apply_host(out.data(), a.data(), b.data(), n, 0.5, 0.25, also.data()); }));
     row.push_back(t_widest / t_read);

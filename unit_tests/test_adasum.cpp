@@ -182,11 +182,13 @@ TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the
     for (std::size_t len : {0,   1,   3,   4,   5,   7,   8,   9,   15,  16,  17,  63,  64, 65,
                             127, 128, 129, 191, 192, 200, 255, 256, 257, 320, 511, 512, 999}) {
       INFO("length " << len);
-      double fast[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
+      double fast[3] = {0.5, 0, -1}, cached[3] = {0.5, 0, -1}, slow[3] = {0.5, 0, -1};
       adasum::impl::add_blocks_isa(isa, a.data(), b.data(), 1, 1 + len, fast);
+      adasum::impl::add_blocks_isa(isa, a.data(), b.data(), 1, 1 + len, cached, adasum::impl::Locality::cache);
       for (std::size_t s0 = 1; s0 < 1 + len; s0 += adasum::impl::kBlock)
         adasum::impl::add_block(a.data(), b.data(), s0, std::min(s0 + adasum::impl::kBlock, 1 + len), slow);
       CHECK(std::memcmp(fast, slow, sizeof fast) == 0);
+      CHECK(std::memcmp(cached, slow, sizeof cached) == 0);  // four blocks at once: the same bits
       std::vector<T> out_fast(len), out_slow(len);
       adasum::impl::apply_isa(isa, out_fast.data(), a.data() + 1, b.data() + 1, len, 0.73, -1.21);
       for (std::size_t i = 0; i < len; ++i) out_slow[i] = adasum::impl::apply_one(0.73, a[1 + i], -1.21, b[1 + i]);
@@ -199,6 +201,10 @@ TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the
       CHECK(b_then_result == out_slow);
     }
   }
+  // Passes that fit in L2 interleave blocks; larger ones (and an unknown L2 above 1 MiB) do not.
+  const std::size_t l2 = adasum::impl::l2_cache_bytes() ? adasum::impl::l2_cache_bytes() : std::size_t(1) << 20;
+  CHECK(adasum::impl::locality_of(l2) == adasum::impl::Locality::cache);
+  CHECK(adasum::impl::locality_of(l2 + 1) == adasum::impl::Locality::memory);
   // The dispatching entry points are the widest path.
   double host[3] = {}, widest[3] = {};
   adasum::impl::add_blocks_host(a.data(), b.data(), 0, 999, host);
