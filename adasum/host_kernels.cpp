@@ -180,8 +180,8 @@ __attribute__((target("avx512f"))) inline __m512d block_sums4(__m512d b0, __m512
 
 // Four whole blocks from s, their FMA chains interleaved, each block's sums added to v in order.
 // In cache the pass is bound by the FMA pipes, which a per-block combination's shuffles share:
-// this is 9-12 % faster from L2 and L3. From DRAM it is 24 % slower: the interleaved blocks are
-// four read streams per array (perf/bench_host_kernels). Hence Locality.
+// this is 10-18 % faster from L2 and L3. From DRAM it is 15-30 % slower: the interleaved blocks
+// are four read streams per array (perf/bench_host_kernels, both columns). Hence Locality.
 template <class T>
 __attribute__((target("avx512f,avx2,fma"))) inline void four_blocks_avx512(const T* a, const T* b, std::size_t s,
                                                                            double* v) {
