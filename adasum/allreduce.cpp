@@ -349,6 +349,8 @@ class Builder {
   }
 
   comm::Schedule build() {
+    // Room for the in-place path's steps (about six a level, a few more around them), so that
+    // adding them moves no std::function; chunked levels grow the vector as before.
     sched_.reserve(static_cast<std::size_t>(8 + 6 * L_));
     node_average();
     lo_ = 0;
