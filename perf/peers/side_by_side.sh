@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# kdist's main job against its peers, interleaved in one run: for each round and each row (MLP and
+# CNN, SGD and K-FAC) the peer (PyTorch DDP, or kfac-pytorch on it) runs, then kdist, on the same
+# ranks, batch, steps and real data. Prints one table: the row, the medians of images/s over the
+# rounds, the per-round ratios and, last, the ratio of the medians (kdist / peer).
+#
+#   perf/peers/side_by_side.sh [--rounds 3] [--steps 300] [--ranks 2] [--batch 64]
+#       [--rows "mlp:sgd mlp:kfac cnn:sgd cnn:kfac"] [--kfac-pytorch DIR] [--kdist-only]
+#       [--build build] [--json FILE]
+#
+# Without --kfac-pytorch the K-FAC rows run kdist alone and say why; without torch (Debian's
+# python3-torch) every row does. kdist's figure is its epoch's images/s over --steps steps
+# (first step included); the peer's leaves out its first 10 steps: both err against kdist.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+rounds=3 steps=300 ranks=2 batch=64 rows="mlp:sgd mlp:kfac cnn:sgd cnn:kfac"
+kfac_dir="" kdist_only=0 build="$root/build" json=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --ranks) ranks="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --rows) rows="$2"; shift 2 ;;
+    --kfac-pytorch) kfac_dir="$2"; shift 2 ;;
+    --kdist-only) kdist_only=1; shift ;;
+    --build) build="$2"; shift 2 ;;
+    --json) json="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "side_by_side.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+data=/usr/share/datasets/fashion-mnist
+[ -d "$data" ] || { echo "side_by_side.sh: no Fashion-MNIST in $data (sudo apt-get install dataset-fashion-mnist)" >&2; exit 77; }
+job="$build/examples/fashion_mnist"
+[ -x "$job" ] || { echo "side_by_side.sh: $job not built (cmake --build $build)" >&2; exit 2; }
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+results="$work/results.jsonl"
+: >"$results"
+
+peer_skip=""  # why no peer ran, per kind
+if [ "$kdist_only" = 1 ]; then
+  peer_skip="--kdist-only"
+elif ! "$python" -c 'import torch' 2>/dev/null; then
+  peer_skip="PyTorch is not installed (sudo apt-get install python3-torch)"
+fi
+[ -n "$peer_skip" ] && echo "side_by_side.sh: no peer runs: $peer_skip"
+kfac_skip=""
+[ -z "$kfac_dir" ] && kfac_skip="no --kfac-pytorch DIR given"
+if [ -z "$peer_skip" ] && [ -z "$kfac_skip" ] && [[ " $rows " == *":kfac "* ]]; then
+  "$python" -c "import sys; sys.path.insert(0, '$kfac_dir'); import kfac" 2>/dev/null ||
+    kfac_skip="kfac-pytorch does not import from $kfac_dir"
+fi
+[ -n "$kfac_skip" ] && [ -z "$peer_skip" ] && echo "side_by_side.sh: kfac-pytorch rows run kdist alone: $kfac_skip"
+
+run_peer() {  # model optimizer round
+  local out="$work/peer.json" extra=()
+  [ "$2" = kfac ] && extra=(--kfac-pytorch "$kfac_dir")
+  "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" --ranks "$ranks" --batch "$batch" \
+    --limit-steps "$steps" --warmup "$(( steps > 20 ? 10 : 1 ))" "${extra[@]}" --json "$out" >"$work/peer.log" 2>&1 ||
+    { echo "side_by_side.sh: the peer failed ($1 $2):" >&2; tail -20 "$work/peer.log" >&2; exit 1; }
+  "$python" -c "import json,sys; r=json.load(open('$out')); r.update(side='peer', round=$3); print(json.dumps(r))" \
+    >>"$results"
+}
+
+run_kdist() {  # model optimizer round
+  local log="$work/kdist.csv"
+  mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 --limit-batches "$steps" \
+    --quiet --log "$log" >"$work/kdist.out" 2>&1 ||
+    { echo "side_by_side.sh: kdist failed ($1 $2):" >&2; tail -20 "$work/kdist.out" >&2; exit 1; }
+  "$python" - "$log" "$1" "$2" "$3" >>"$results" <<'EOF'
+import csv, json, sys
+row = list(csv.DictReader(open(sys.argv[1])))[-1]
+print(json.dumps({"side": "kdist", "model": sys.argv[2], "optimizer": sys.argv[3], "round": int(sys.argv[4]),
+                  "images_per_second": float(row["images_per_second"]), "seconds": float(row["seconds"])}))
+EOF
+}
+
+for ((r = 1; r <= rounds; ++r)); do
+  for row in $rows; do
+    model="${row%%:*}" opt="${row##*:}"
+    if [ -z "$peer_skip" ] && { [ "$opt" = sgd ] || [ -z "$kfac_skip" ]; }; then
+      run_peer "$model" "$opt" "$r"
+    fi
+    run_kdist "$model" "$opt" "$r"
+    echo "side_by_side.sh: round $r/$rounds, $model $opt done" >&2
+  done
+done
+
+"$python" "$root/perf/peers/summarise.py" "$results" --ranks "$ranks" --batch "$batch" --steps "$steps" \
+  ${json:+--json "$json"}
