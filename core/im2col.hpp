@@ -14,6 +14,8 @@
 //     overwritten with the sum of every patch entry that im2col read from that element.
 //   nchw_to_rows(exec, y, rows) / rows_to_nchw(exec, rows, y): y is (B, C, H, W), rows is
 //     (B*H*W) x C with rows((b*H + h)*W + w, c) = y(b, c, h, w); one is the inverse of the other.
+// The patch matrix may have any layout; a LayoutLeft one (each column contiguous over the rows)
+// takes kernels that run along input rows and is what a column-major gemm or syrk reads in place.
 // Views: any layout (indexed through operator()), rank and value type checked at compile time;
 // extents and overlap of input and output checked first: InvalidArgument naming the function,
 // the view's label and extents and the expected ones, nothing written.
@@ -101,20 +103,67 @@ void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H,
                        NchwRows<F>{f, C, H, W});
 }
 
+/// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself).
+template <class F>
+struct NchwRowItems {
+  F f;
+  int C, H;
+  KOKKOS_INLINE_FUNCTION void operator()(const int t) const { f(t / (H * C), (t / H) % C, t % H); }
+};
+template <class ExecSpace, class F>
+void for_rows_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, const F& f) {
+  Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
+                       NchwRowItems<F>{f, C, H});
+}
+
+/// Row (b, c, h) of an NCHW view, indexed by w: a raw pointer when the view is LayoutRight (w
+/// contiguous), so that the inner loops over w keep it in a register and vectorise; otherwise the
+/// view's own operator().
+template <class V>
+struct NchwRow {
+  V v;
+  int b, c, h;
+  KOKKOS_INLINE_FUNCTION typename V::reference_type operator[](int w) const { return v(b, c, h, w); }
+};
+template <class V>
+KOKKOS_INLINE_FUNCTION auto nchw_row(const V& v, int b, int c, int h) {
+  if constexpr (std::is_same<typename V::array_layout, Kokkos::LayoutRight>::value)
+    return &v(b, c, h, 0);
+  else
+    return NchwRow<V>{v, b, c, h};
+}
+
 /// One element of the NCHW <-> rows copy, in either direction (only the instantiated one has to
-/// be able to write its destination, so the source may be a const view).
+/// be able to write its destination, so the source may be a const view): `row` is row (b, c, h)
+/// of the NCHW view, `column` the rows matrix's column c from row (b, h, 0) on, both indexed by w.
 struct ToRows {
-  template <class NV, class RV>
-  KOKKOS_INLINE_FUNCTION static void move(const NV& nchw, const RV& rows, int b, int c, int h, int w, int r) {
-    rows(r, c) = nchw(b, c, h, w);
+  template <class Row, class Column>
+  KOKKOS_INLINE_FUNCTION static void move(const Row& row, const Column& column, int w) {
+    column[w] = row[w];
   }
 };
 struct ToNchw {
-  template <class NV, class RV>
-  KOKKOS_INLINE_FUNCTION static void move(const NV& nchw, const RV& rows, int b, int c, int h, int w, int r) {
-    nchw(b, c, h, w) = rows(r, c);
+  template <class Row, class Column>
+  KOKKOS_INLINE_FUNCTION static void move(const Row& row, const Column& column, int w) {
+    row[w] = column[w];
   }
 };
+
+/// Column c of a rows matrix from row r on, indexed by w: a raw pointer when the matrix is
+/// LayoutLeft (rows contiguous), otherwise the view's own operator().
+template <class V>
+struct RowsColumn {
+  V v;
+  int r, c;
+  KOKKOS_INLINE_FUNCTION typename V::reference_type operator[](int w) const { return v(r + w, c); }
+};
+template <class V>
+KOKKOS_INLINE_FUNCTION auto rows_column(const V& v, int r, int c) {
+  if constexpr (std::is_same<typename V::array_layout, Kokkos::LayoutLeft>::value)
+    return &v(r, c);
+  else
+    return RowsColumn<V>{v, r, c};
+}
 
 template <class Direction, class ExecSpace, class NV, class RV>
 void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, const RV& rows) {
@@ -130,26 +179,102 @@ void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, con
                   "(batch*height*width x channels) for NCHW " + describe(nchw));
   if (nchw.size() > static_cast<std::size_t>(INT_MAX)) throw_invalid(func, describe(nchw) + " exceeds int indexing");
   require_disjoint(func, nchw, rows);
-  for_each_nchw(
-      func, exec, B, C, H, W, KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
-        Direction::move(nchw, rows, b, c, h, w, (b * H + h) * W + w);
+  for_rows_nchw(
+      func, exec, B, C, H, KOKKOS_LAMBDA(const int b, const int c, const int h) {
+        const auto row = nchw_row(nchw, b, c, h);
+        const auto column = rows_column(rows, (b * H + h) * W, c);
+        for (int w = 0; w < W; ++w) Direction::move(row, column, w);
       });
 }
 
 }  // namespace impl
 
-/// patches := im2col(x) for the geometry g (see the header's contract).
+namespace impl {
+
+/// The output columns j whose input column j*S - P + q lies in [0, W): [begin, end), clamped to
+/// [0, OW]. One pair of divisions, none when the stride is 1.
+struct InsideColumns {
+  int begin, end;
+  KOKKOS_INLINE_FUNCTION InsideColumns(int q, int S, int P, int W, int OW) {
+    const int lo = P - q, hi = W + P - q;  // j*S in [lo, hi)
+    begin = lo <= 0 ? 0 : (S == 1 ? lo : (lo + S - 1) / S);
+    end = hi <= 0 ? 0 : (S == 1 ? hi : (hi + S - 1) / S);
+    end = end < OW ? end : OW;
+    begin = begin < end ? begin : end;
+  }
+};
+
+/// im2col into a LayoutLeft patch matrix: column k is contiguous over the rows (b, i, j), so one
+/// work item per (column k, image b) copies, for each output row i, an input row segment along j
+/// (contiguous when the stride is 1) and the padding around it.
 template <class ExecSpace, class XView, class PView>
-void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, const PView& patches) {
-  constexpr const char* func = "kdist::im2col";
-  impl::check_im2col<ExecSpace>(func, g, x, patches);
+void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                    const PView& patches) {
+  using T = typename PView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, B = g.batch;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
+  Kokkos::parallel_for(
+      func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, g.patch() * B), KOKKOS_LAMBDA(const int t) {
+        const int b = t % B, k = t / B;
+        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
+        const InsideColumns inside(q, S, P, W, OW);
+        for (int i = 0, r0 = b * OH * OW; i < OH; ++i, r0 += OW) {
+          const int h = i * S - P + p;
+          const bool row_inside = h >= 0 && h < H;
+          const int begin = row_inside ? inside.begin : OW, end = row_inside ? inside.end : OW;
+          T* const column = &patches(r0, k);  // LayoutLeft: contiguous over the rows
+          for (int j = 0; j < begin; ++j) column[j] = T(0);
+          if (row_inside) {
+            const auto in = nchw_row(x, b, c, h);
+            if (S == 1) {
+              for (int j = begin; j < end; ++j) column[j] = T(in[j - P + q]);
+            } else {
+              for (int j = begin; j < end; ++j) column[j] = T(in[j * S - P + q]);
+            }
+          }
+          for (int j = end; j < OW; ++j) column[j] = T(0);
+        }
+      });
+}
+
+/// col2im from a LayoutLeft patch matrix: one work item per input row (b, c, h) sums, for each
+/// kernel row p that reads it (one division per p), the kernel columns' contiguous runs along j.
+template <class ExecSpace, class PView, class XView>
+void col2im_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                    const XView& dx) {
+  using T = typename XView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, S = g.stride, P = g.padding;
+  const int W = g.width;
+  for_rows_nchw(
+      func, exec, g.batch, g.channels, g.height, KOKKOS_LAMBDA(const int b, const int c, const int h) {
+        const auto out = nchw_row(dx, b, c, h);
+        for (int w = 0; w < W; ++w) out[w] = T(0);
+        for (int p = 0; p < KH; ++p) {
+          const int hp = h + P - p;  // == i*S for the output row i that reads h through p
+          if (hp < 0 || hp % S != 0 || hp / S >= OH) continue;
+          const int r0 = (b * OH + hp / S) * OW;
+          for (int q = 0; q < KW; ++q) {
+            const InsideColumns inside(q, S, P, W, OW);
+            const auto* const column = &patches(r0, (c * KH + p) * KW + q);  // LayoutLeft: contiguous
+            if (S == 1) {
+              for (int j = inside.begin; j < inside.end; ++j) out[j - P + q] += column[j];
+            } else {
+              for (int j = inside.begin; j < inside.end; ++j) out[j * S - P + q] += column[j];
+            }
+          }
+        }
+      });
+}
+
+/// im2col into any other layout: one work item per (patch row r, channel c), the kh x kw block of
+/// columns of that channel, so the index arithmetic is paid once per block rather than per element.
+template <class ExecSpace, class XView, class PView>
+void im2col_rows(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                 const PView& patches) {
   using T = typename PView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
   const int C = g.channels, H = g.height, W = g.width, S = g.stride, P = g.padding;
-  // One work item per (patch row r, channel c): the kh x kw block of columns of that channel, so
-  // the index arithmetic is paid once per block rather than per element (rows x C <= the patch
-  // matrix's size, hence the 64-bit index).
-  const std::int64_t items = static_cast<std::int64_t>(g.rows()) * C;
+  const std::int64_t items = static_cast<std::int64_t>(g.rows()) * C;  // <= the patch matrix's size
   Kokkos::parallel_for(
       func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, items),
       KOKKOS_LAMBDA(const std::int64_t t) {
@@ -172,14 +297,13 @@ void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, cons
       });
 }
 
-/// dx := col2im(patches), the adjoint of im2col: a gather over dx, so no atomics.
+/// col2im from any other layout: a gather over dx, one element at a time.
 template <class ExecSpace, class PView, class XView>
-void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
-  constexpr const char* func = "kdist::col2im";
-  impl::check_im2col<ExecSpace>(func, g, dx, patches);
+void col2im_rows(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                 const XView& dx) {
   using T = typename XView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, S = g.stride, P = g.padding;
-  impl::for_each_nchw(
+  for_each_nchw(
       func, exec, g.batch, g.channels, g.height, g.width,
       KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
         // Kernel offset p reads input row h from output row i when i*S - P + p == h.
@@ -195,6 +319,37 @@ void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches
         }
         dx(b, c, h, w) = sum;
       });
+}
+
+template <class View>
+constexpr bool is_layout_left() {
+  return std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value;
+}
+
+}  // namespace impl
+
+/// patches := im2col(x) for the geometry g (see the header's contract). A LayoutLeft patch
+/// matrix (each column contiguous over the rows) is the fast one: its kernel copies along the
+/// input rows, and a gemm or syrk reads it as a column-major matrix in place.
+template <class ExecSpace, class XView, class PView>
+void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, const PView& patches) {
+  constexpr const char* func = "kdist::im2col";
+  impl::check_im2col<ExecSpace>(func, g, x, patches);
+  if constexpr (impl::is_layout_left<PView>())
+    impl::im2col_columns(exec, func, g, x, patches);
+  else
+    impl::im2col_rows(exec, func, g, x, patches);
+}
+
+/// dx := col2im(patches), the adjoint of im2col: a gather over dx, so no atomics.
+template <class ExecSpace, class PView, class XView>
+void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
+  constexpr const char* func = "kdist::col2im";
+  impl::check_im2col<ExecSpace>(func, g, dx, patches);
+  if constexpr (impl::is_layout_left<PView>())
+    impl::col2im_columns(exec, func, g, patches, dx);
+  else
+    impl::col2im_rows(exec, func, g, patches, dx);
 }
 
 /// rows((b*H + h)*W + w, c) := y(b, c, h, w).

@@ -5,6 +5,7 @@
 //                   the per-sample gradient.
 //   Conv2d, batch B, S = out_h·out_w locations: ā = im2col(X) (B·S rows, kdist/core/im2col.hpp)
 //                   with a ones column when biased, A = āᵀā / (B·S) (averaged over all rows);
+//                   conv2d_a_factor_from_patches takes patches a forward pass already formed;
 //                   G = B·Σ_{b,s} dY_{b,s} dY_{b,s}ᵀ (ĝ = B·dY summed per location, averaged
 //                   over the batch), so the layer block is A⊗G as in Grosse & Martens.
 // Views: X / dY of a Dense layer rank 2 (rows x inputs / rows x outputs), LayoutLeft or
@@ -44,7 +45,8 @@ class FactorWorkspace {
  public:
   using value_type = T;
   using memory_space = MemorySpace;
-  using matrix_type = Kokkos::View<T**, Kokkos::LayoutRight, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  // Column-major: im2col and the NCHW copy write it along rows, syrk reads it in place.
+  using matrix_type = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
   explicit FactorWorkspace(std::string label = "kdist::kfac::FactorWorkspace") : label_(std::move(label)) {}
   FactorWorkspace(const FactorWorkspace&) = delete;
@@ -60,7 +62,7 @@ class FactorWorkspace {
   /// Frees the buffer (the next call allocates again).
   void release() { buffer_ = Kokkos::View<T*, MemorySpace>(); }
 
-  /// A rows x cols row-major scratch matrix (interface of the factor functions, not for users).
+  /// A rows x cols column-major scratch matrix (interface of the factor functions, not for users).
   template <class ExecSpace>
   matrix_type impl_rows(const ExecSpace& exec, int rows, int cols) {
     const std::size_t need = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
@@ -142,6 +144,29 @@ void dense_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, 
   factor_product(exec, dY, G, static_cast<T>(dY.extent(0)), false);
 }
 
+/// A = āᵀā / (B·S) from the patches that kdist::im2col formed for the geometry g of a Conv2d
+/// layer's input (g.rows() x g.patch(), any layout; column-major is read in place by syrk).
+template <class ExecSpace, class PView, class AView>
+void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, const Conv2dGeometry& g,
+                                  const PView& patches, const AView& A) {
+  constexpr const char* func = "kdist::kfac::conv2d_a_factor_from_patches";
+  static_assert(compat::view_rank<PView>() == 2, "kdist::kfac::conv2d_a_factor_from_patches: patches are rank 2");
+  kdist::impl::static_check_view<ExecSpace, PView>();
+  kdist::impl::static_check_view<ExecSpace, AView>();
+  impl::require_kind(func, layer, LayerKind::conv2d);
+  const std::string why = " for " + layer.describe();
+  g.validate(func, why);
+  if (g.channels != layer.in_channels() || g.kernel_h != layer.kernel_h() || g.kernel_w != layer.kernel_w() ||
+      g.stride != layer.stride() || g.padding != layer.padding())
+    kdist::impl::throw_invalid(func, "the patches' geometry (" + g.describe() + ") is not the layer's" + why);
+  kdist::impl::require_extents(func, patches, {std::size_t(g.rows()), std::size_t(g.patch())},
+                               "(batch*out_h*out_w x in_channels*kernel_h*kernel_w)" + why);
+  kdist::impl::require_extents(func, A, {std::size_t(layer.a_dim()), std::size_t(layer.a_dim())}, "(the factor)" + why);
+  kdist::impl::require_disjoint(func, patches, A);
+  using T = typename AView::non_const_value_type;
+  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias());
+}
+
 /// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer.
 template <class ExecSpace, class XView, class AView, class T, class MemorySpace>
 void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A,
@@ -158,7 +183,7 @@ void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, 
   Phase phase(func);
   const auto patches = workspace.impl_rows(exec, g.rows(), g.patch());
   im2col(exec, g, X, patches);
-  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias());
+  conv2d_a_factor_from_patches(exec, layer, g, patches, A);
 }
 
 /// G = B·Σ_{b,s} dY_{b,s} dY_{b,s}ᵀ for the NCHW gradient dY (B, outputs, out_h, out_w) of the

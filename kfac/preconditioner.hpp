@@ -83,6 +83,11 @@ class Preconditioner {
 
   template <class XView>
   void on_forward(const execution_space& exec, int layer, const XView& activations);
+  /// A Conv2d layer's forward hook from the im2col patches it formed for geometry g (as
+  /// kdist::im2col writes them, g.rows() x g.patch()) instead of its NCHW input: factor A
+  /// reuses them. g must be the layer's (channels, kernel, stride, padding).
+  template <class PView>
+  void on_forward(const execution_space& exec, int layer, const Conv2dGeometry& g, const PView& patches);
   template <class YView>
   void on_backward(const execution_space& exec, int layer, const YView& output_gradients);
   void step(const execution_space& exec, const std::vector<Gradient>& gradients);
@@ -116,6 +121,9 @@ class Preconditioner {
  private:
   using Fused = comm::FusedAllreducer<T, MemorySpace>;
   const Layer& checked_layer(const char* hook, int l);
+  /// Order checks, factor period, timing and error wrapping around compute(layer, fresh A).
+  template <class ComputeA>
+  void forward_hook(const execution_space& exec, int l, const ComputeA& compute);
   template <class E>
   [[noreturn]] void raise(const E& e) {
     engine_.fail(e);
@@ -260,6 +268,23 @@ double Preconditioner<T, M>::phase_end(const execution_space& exec, double t0) c
 template <class T, class M>
 template <class XView>
 void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const XView& x) {
+  forward_hook(exec, l, [&](const Layer& layer, const Matrix& fresh) { compute_a(exec, layer, x, fresh); });
+}
+
+template <class T, class M>
+template <class PView>
+void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const Conv2dGeometry& g,
+                                      const PView& patches) {
+  forward_hook(exec, l, [&](const Layer& layer, const Matrix& fresh) {
+    conv2d_a_factor_from_patches(exec, layer, g, patches, fresh);
+    rows_[static_cast<std::size_t>(l)] = g.batch;
+    spatial_[static_cast<std::size_t>(l)] = g.out_h() * g.out_w();
+  });
+}
+
+template <class T, class M>
+template <class ComputeA>
+void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, const ComputeA& compute) {
   const Layer& layer = checked_layer("on_forward", l);
   check_order("on_forward", l, next_forward_);
   if (step_ % options_.factor_every != 0) {
@@ -271,7 +296,7 @@ void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const 
   if (l == 0 && switches_.pipelined) fused_->begin();
   const Matrix fresh = scratch_matrix(layer.a_dim(), layer.a_dim());
   try {
-    compute_a(exec, layer, x, fresh);
+    compute(layer, fresh);
   } catch (const Error& e) {
     raise(InvalidArgument(std::string(e.what()) + " (kdist::kfac::on_forward, layer " + std::to_string(l) + " " +
                           layer.describe() + ", rank " + std::to_string(engine_.rank()) + ")"));

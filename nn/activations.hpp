@@ -24,6 +24,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <string>
+#include <type_traits>
 
 namespace kdist {
 namespace nn {
@@ -33,18 +34,33 @@ namespace impl {
 template <class ExecSpace, class XV, class YV>
 void relu_forward(const ExecSpace& exec, const XV& x, const YV& y) {
   using T = typename YV::non_const_value_type;
-  Kokkos::parallel_for(
-      "kdist::nn::ReLU::forward", Kokkos::RangePolicy<ExecSpace>(exec, 0, y.extent(0)),
-      KOKKOS_LAMBDA(const int i) { y(i) = x(i) > T(0) ? x(i) : T(0); });
+  // Raw pointers (both views are contiguous, see flat()) so that the loop vectorises.
+  const T* const xp = x.data();
+  T* const yp = y.data();
+  for_blocks(
+      "kdist::nn::ReLU::forward", exec, y.extent(0), KOKKOS_LAMBDA(const std::size_t begin, const std::size_t end) {
+        const T* const in = xp;
+        T* const out = yp;
+        for (std::size_t i = begin; i < end; ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+      });
 }
 
 /// dx := dy where x > 0, else 0 (all rank-1).
 template <class ExecSpace, class XV, class DYV, class DXV>
 void relu_backward(const ExecSpace& exec, const XV& x, const DYV& dy, const DXV& dx) {
   using T = typename DXV::non_const_value_type;
-  Kokkos::parallel_for(
-      "kdist::nn::ReLU::backward", Kokkos::RangePolicy<ExecSpace>(exec, 0, dx.extent(0)),
-      KOKKOS_LAMBDA(const int i) { dx(i) = x(i) > T(0) ? dy(i) : T(0); });
+  const T *const xp = x.data(), *const dyp = dy.data();
+  T* const dxp = dx.data();
+  for_blocks(
+      "kdist::nn::ReLU::backward", exec, dx.extent(0), KOKKOS_LAMBDA(const std::size_t begin, const std::size_t end) {
+        const T *const in = xp, *const grad = dyp;
+        T* const out = dxp;
+        // Both loads unconditional: a select, not a branch on the sign, so the loop vectorises.
+        for (std::size_t i = begin; i < end; ++i) {
+          const T x = in[i], g = grad[i];
+          out[i] = x > T(0) ? g : T(0);
+        }
+      });
 }
 
 }  // namespace impl
@@ -121,19 +137,16 @@ class MaxPool2d {
     impl::ensure_like(exec, argmax_, "kdist::nn::MaxPool2d::argmax", y);
     const int K = k_;
     const auto argmax = argmax_;
-    kdist::impl::for_each_nchw(
-        func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)), int(y.extent(3)),
-        KOKKOS_LAMBDA(const int b, const int c, const int i, const int j) {
-          int best = 0;
-          T m = x(b, c, i * K, j * K);
-          for (int p = 0; p < K; ++p)
-            for (int q = 0; q < K; ++q)
-              if (x(b, c, i * K + p, j * K + q) > m) {
-                m = x(b, c, i * K + p, j * K + q);
-                best = p * K + q;
-              }
-          y(b, c, i, j) = m;
-          argmax(b, c, i, j) = best;
+    // One work item per output row, through raw row pointers (LayoutRight); the usual 2 x 2
+    // window gets its size at compile time, so its loops unroll.
+    const int OW = static_cast<int>(y.extent(3));
+    kdist::impl::for_rows_nchw(
+        func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)),
+        KOKKOS_LAMBDA(const int b, const int c, const int i) {
+          if (K == 2)
+            max_row(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, std::integral_constant<int, 2>{});
+          else
+            max_row(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
         });
     input_ = impl::extents_of(x);
   }
@@ -147,16 +160,57 @@ class MaxPool2d {
     // A gather over dx: windows do not overlap, so each element has at most one window.
     const int K = k_, OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
     const auto argmax = argmax_;
-    kdist::impl::for_each_nchw(
-        func, exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)), int(dx.extent(3)),
-        KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
-          const int i = h / K, j = w / K;
-          const bool routed = i < OH && j < OW && argmax(b, c, i, j) == (h % K) * K + w % K;
-          dx(b, c, h, w) = routed ? dy(b, c, i, j) : T(0);
+    // One work item per input row h: window row i = h / K, offset p = h % K, once per row.
+    const int W = static_cast<int>(dx.extent(3));
+    kdist::impl::for_rows_nchw(
+        func, exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)),
+        KOKKOS_LAMBDA(const int b, const int c, const int h) {
+          const int i = h / K, p = h - i * K;
+          T* const out = &dx(b, c, h, 0);
+          int w = 0;
+          if (i < OH) {
+            const T* const grad = &dy(b, c, i, 0);
+            const int* const best_at = &argmax(b, c, i, 0);
+            w = K == 2 ? route_row(grad, best_at, out, p, OW, std::integral_constant<int, 2>{})
+                       : route_row(grad, best_at, out, p, OW, K);
+          }
+          for (; w < W; ++w) out[w] = T(0);
         });
   }
 
  private:
+  /// Window row i of image b, channel c: each window's maximum into out[j], its p·K + q into
+  /// best_at[j] (the first on ties). KT is int, or a std::integral_constant for a known size.
+  template <class XV, class KT>
+  KOKKOS_INLINE_FUNCTION static void max_row(const XV& x, T* out, int* best_at, int b, int c, int i, int OW, KT K) {
+    for (int j = 0; j < OW; ++j) {
+      int best = 0;
+      T m = x(b, c, i * K, j * K);
+      for (int p = 0; p < K; ++p) {
+        const T* const in = &x(b, c, i * K + p, j * K);
+        for (int q = 0; q < K; ++q) {
+          const bool more = in[q] > m;
+          m = more ? in[q] : m;
+          best = more ? p * K + q : best;
+        }
+      }
+      out[j] = m;
+      best_at[j] = best;
+    }
+  }
+  /// Input row p of window row i: the gradient to each window's maximum, 0 elsewhere; returns
+  /// the number of elements written (OW·K).
+  template <class KT>
+  KOKKOS_INLINE_FUNCTION static int route_row(const T* grad, const int* best_at, T* out, int p, int OW, KT K) {
+    int w = 0;
+    for (int j = 0; j < OW; ++j) {
+      const T g = grad[j];  // loaded unconditionally: a select, not a branch per element
+      const int routed = best_at[j] - p * K;
+      for (int q = 0; q < K; ++q, ++w) out[w] = routed == q ? g : T(0);
+    }
+    return w;
+  }
+
   int k_;
   Kokkos::View<int****, Kokkos::LayoutRight, Mem> argmax_;  // p·k + q of each window's maximum
   std::array<std::size_t, 4> input_{};

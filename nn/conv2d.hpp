@@ -9,10 +9,12 @@
 //
 // OH = (H + 2·padding - kh)/stride + 1, likewise OW. The weight is c_out x (c_in·kh·kw),
 // LayoutRight, column (c·kh + p)·kw + q: PyTorch's weight.view(c_out, -1), the order kfac uses.
-// forward caches the patches P (its own copy, reused while the shapes stay the same), so x may
-// change after forward. Attached (attach(&kfac, l)), forward calls kfac->on_forward(exec, l, x)
-// with the NCHW input and backward kfac->on_backward(exec, l, dy) with the NCHW output gradient
-// of the MEAN loss, each before anything else. gradient() is kfac::Preconditioner<T, Mem>::Gradient
+// forward caches the patches P (its own column-major copy, reused while the shapes stay the
+// same), so x may change after forward; the products are column-major gemms on P, on the output
+// columns and on the weight's storage read as Wᵀ, so nothing is transposed. Attached
+// (attach(&kfac, l)), forward calls kfac->on_forward(exec, l, geometry, P) once P is formed
+// (factor A reuses the patches) and backward kfac->on_backward(exec, l, dy) with the NCHW output
+// gradient of the MEAN loss before anything else. gradient() is kfac::Preconditioner<T, Mem>::Gradient
 // of the layer; kfac_layer() the matching kfac::Conv2d.
 // Kernels and gemm run on `exec`. Errors (InvalidArgument "kdist::nn::Conv2d::<method>: ... for
 // Conv2d(...)"): sizes < 1 or padding < 0, a kernel that does not fit the padded input, extents
@@ -22,8 +24,53 @@
 #include <kdist/core/im2col.hpp>
 #include <kdist/nn/impl/affine.hpp>
 
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
 namespace kdist {
 namespace nn {
+
+namespace impl {
+
+// Conv2d's own kernels, as free functions: nvcc refuses an extended lambda in a private member.
+
+/// y(b, c, h, w) := columns((b*H + h)*W + w, c) + bias(c) (no bias when it is empty).
+template <class ExecSpace, class CV, class BV, class YV>
+void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
+  using T = typename YV::non_const_value_type;
+  const int H = static_cast<int>(y.extent(2)), W = static_cast<int>(y.extent(3));
+  const bool has_bias = bias.extent(0) > 0;
+  kdist::impl::for_rows_nchw(
+      "kdist::nn::Conv2d::columns_to_nchw", exec, static_cast<int>(y.extent(0)), static_cast<int>(y.extent(1)), H,
+      KOKKOS_LAMBDA(const int b, const int c, const int h) {
+        const T add = has_bias ? bias(c) : T(0);
+        T* const row = &y(b, c, h, 0);
+        const T* const column = &columns((b * H + h) * W, c);
+        for (int w = 0; w < W; ++w) row[w] = column[w] + add;
+      });
+}
+
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w).
+template <class ExecSpace, class YV, class BV>
+void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
+  using T = typename BV::non_const_value_type;
+  const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
+  Kokkos::parallel_for(
+      "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
+      KOKKOS_LAMBDA(const int c) {
+        T sum = 0;
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < H; ++h) {
+            const T* const row = &dy(b, c, h, 0);
+            for (int w = 0; w < W; ++w) sum += row[w];
+          }
+        db(c) = sum;
+      });
+}
+
+}  // namespace impl
 
 template <class T, class Mem = Kokkos::DefaultExecutionSpace::memory_space>
 class Conv2d : public impl::Affine<T, Mem> {
@@ -57,13 +104,20 @@ class Conv2d : public impl::Affine<T, Mem> {
     impl::require_extents(func, y, extents(g.batch, this->layer_.outputs(), g.out_h(), g.out_w()),
                           "(batch x out_channels x out_h x out_w)" + why);
     impl::require_disjoint(func, x, y);
-    this->hook_forward(exec, x);
     impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", g.rows(), g.patch());
-    impl::ensure(exec, rows_, "kdist::nn::Conv2d::rows", g.rows(), this->layer_.outputs());
-    im2col(exec, g, x, patches_);
-    impl::affine_forward(exec, this->W_, this->b_, patches_, rows_);
-    rows_to_nchw(exec, rows_, y);
+    reserve_chunks(exec, g);
+    // Chunk by chunk, so each chunk's patches are still in cache for its gemm.
+    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Rows& rows) {
+      const auto P = Kokkos::subview(patches_, rows, Kokkos::ALL());
+      static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
+                    "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
+      const auto Y = chunk(columns_, c.rows(), this->layer_.outputs());
+      kdist::impl::im2col_columns(exec, func, c, images(x, first, c.batch), P);
+      kdist::gemm(exec, "N", "N", T(1), P, weight_columns(this->W_), T(0), Y);
+      impl::columns_to_nchw(exec, Y, this->b_, images(y, first, c.batch));
+    });
     geometry_ = g;
+    this->hook_forward_patches(exec, g, patches_);
   }
 
   void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx = {}) {
@@ -79,11 +133,20 @@ class Conv2d : public impl::Affine<T, Mem> {
       impl::require_disjoint(func, dy, dx);
     }
     this->hook_backward(exec, dy);
-    nchw_to_rows(exec, dy, rows_);
-    if (dx.size() > 0) impl::ensure(exec, dpatches_, "kdist::nn::Conv2d::patch_gradients", g.rows(), g.patch());
-    impl::affine_backward(exec, this->W_, patches_, rows_, this->dW_, this->db_,
-                          dx.size() > 0 ? dpatches_ : Tensor2<T, Mem>());
-    if (dx.size() > 0) col2im(exec, g, dpatches_, dx);
+    if (dx.size() > 0) reserve_patch_gradients(exec, g);
+    // Chunk by chunk: dWᵀ += Pᵀ dY (the weight's row-major storage read column-major), then
+    // dP = dY W in a chunk-sized scratch that col2im reads while it is still in cache.
+    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Rows& rows) {
+      const auto P = Kokkos::subview(patches_, rows, Kokkos::ALL());
+      const auto dY = chunk(columns_, c.rows(), this->layer_.outputs());
+      nchw_to_rows(exec, images(dy, first, c.batch), dY);
+      kdist::gemm(exec, "T", "N", T(1), P, dY, T(first == 0 ? 0 : 1), weight_columns(this->dW_));
+      if (dx.size() == 0) return;
+      const auto dP = chunk(dpatches_, c.rows(), c.patch());
+      kdist::gemm(exec, "N", "T", T(1), dY, weight_columns(this->W_), T(0), dP);
+      kdist::impl::col2im_columns(exec, func, c, dP, images(dx, first, c.batch));
+    });
+    if (this->db_.extent(0) > 0) impl::channel_sums(exec, dy, this->db_);
   }
 
   // ---- the same on the default instance of Mem's execution space ----
@@ -91,13 +154,64 @@ class Conv2d : public impl::Affine<T, Mem> {
   void backward(const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx = {}) { backward(execution_space{}, dy, dx); }
 
  private:
+  using Columns = Kokkos::View<T**, Kokkos::LayoutLeft, Mem>;
+  using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+
   static std::array<std::size_t, 4> extents(int b, int c, int h, int w) {
     return {std::size_t(b), std::size_t(c), std::size_t(h), std::size_t(w)};
   }
+  /// The out x patch row-major weight (or its gradient) as the patch x out column-major matrix
+  /// it also is: Wᵀ without a copy.
+  using WeightColumns = Kokkos::View<T**, Kokkos::LayoutLeft, Mem, Unmanaged>;
+  static WeightColumns weight_columns(const Tensor2<T, Mem>& w) {
+    return WeightColumns(w.data(), w.extent(1), w.extent(0));
+  }
+  /// A chunk's patch matrix of at most this many bytes stays in a core's L2 between im2col and
+  /// the gemm, and its patch gradients between the gemm and col2im: the host runs a batch in
+  /// chunks of whole images that fit (one image at least).
+  static constexpr std::size_t chunk_bytes = std::size_t(512) << 10;
+  using Rows = std::pair<int, int>;
 
-  Conv2dGeometry geometry_{};       // of the last forward (batch 0: none yet)
-  Tensor2<T, Mem> patches_, rows_;  // im2col(x); the output rows, then dy's rows
-  Tensor2<T, Mem> dpatches_;        // dY W, before col2im
+  static int images_per_chunk(const Conv2dGeometry& g) {
+    if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return g.batch;  // GPUs: one launch
+    const std::size_t image = std::size_t(g.out_h()) * std::size_t(g.out_w()) * std::size_t(g.patch()) * sizeof(T);
+    return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(g.batch), chunk_bytes / image)));
+  }
+  /// f(geometry of the chunk, its first image, its rows of the patch matrix) for each chunk.
+  template <class F>
+  static void for_chunks(const Conv2dGeometry& g, const F& f) {
+    const int per = images_per_chunk(g), rows_per_image = g.out_h() * g.out_w();
+    for (int first = 0; first < g.batch; first += per) {
+      Conv2dGeometry c = g;
+      c.batch = std::min(per, g.batch - first);
+      f(c, first, Rows(first * rows_per_image, (first + c.batch) * rows_per_image));
+    }
+  }
+  void reserve_chunks(const execution_space& exec, const Conv2dGeometry& g) {
+    const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
+    if (columns_.size() < std::size_t(rows) * this->layer_.outputs())
+      impl::ensure(exec, columns_, "kdist::nn::Conv2d::columns", rows, this->layer_.outputs());
+  }
+  void reserve_patch_gradients(const execution_space& exec, const Conv2dGeometry& g) {
+    const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
+    if (dpatches_.size() < std::size_t(rows) * g.patch())
+      impl::ensure(exec, dpatches_, "kdist::nn::Conv2d::patch_gradients", rows, g.patch());
+  }
+  /// The first rows x cols of a scratch buffer, as a column-major matrix of its own.
+  static WeightColumns chunk(const Columns& buffer, int rows, int cols) {
+    return WeightColumns(buffer.data(), std::size_t(rows), std::size_t(cols));
+  }
+  /// Images [first, first + n) of an NCHW tensor.
+  template <class V>
+  static auto images(const V& v, int first, int n) {
+    return Kokkos::subview(v, std::make_pair(first, first + n), Kokkos::ALL(), Kokkos::ALL(), Kokkos::ALL());
+  }
+  Conv2dGeometry geometry_{};  // of the last forward (batch 0: none yet)
+  // im2col(x), the whole batch's (backward and factor A read it again), rows x patch; one chunk's
+  // patch gradients dY W, and its output rows (forward), then dy's (backward), rows x out.
+  // Column-major, so gemm and the factor's syrk read them in place and im2col, col2im and the
+  // NCHW copies run along contiguous rows.
+  Columns patches_, dpatches_, columns_;
 };
 
 }  // namespace nn

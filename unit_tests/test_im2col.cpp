@@ -86,25 +86,37 @@ TEMPLATE_TEST_CASE("im2col equals the naive patch matrix", "[core][im2col]", flo
   }
 }
 
+namespace {
+
+// PLayout picks the kernel (LayoutLeft: the column kernels), XLayout the NCHW accessor (LayoutRight:
+// raw row pointers, otherwise the view's operator()).
+template <class T, class PLayout, class XLayout>
+void check_col2im(const ConvShape& s, std::mt19937_64& rng) {
+  const Dense x = eighths(s.inputs(), rng);
+  const Dense p = eighths(std::size_t(s.rows()) * s.patch(), rng);
+  const auto X = device_nchw<T, XLayout>("x", s.batch, s.channels, s.height, s.width, x);
+  const auto P = kdist_test::device_matrix<T, PLayout>("p", s.rows(), s.patch(),
+                                                       [&](int r, int k) { return p[std::size_t(r) * s.patch() + k]; });
+  const auto dX = device_nchw<T, XLayout>("dx", s.batch, s.channels, s.height, s.width, Dense(s.inputs(), -7.0));
+  const auto Px = stale_matrix<T, PLayout>("im2col(x)", s.rows(), s.patch());
+  kdist::col2im(TestExec(), geometry(s), P, dX);
+  kdist::im2col(TestExec(), geometry(s), X, Px);
+  const Dense dx = to_flat(dX);
+  CHECK(relative_error(dx, kdist_test::col2im_ref(p, s)) <= tolerance<T>());
+  // <im2col(x), p> == <x, col2im(p)>
+  const double lhs = dot(to_flat(Px), p), rhs = dot(x, dx);
+  CHECK(std::abs(lhs - rhs) <= tolerance<T>() * std::max(1.0, std::abs(lhs)));
+}
+
+}  // namespace
+
 TEMPLATE_TEST_CASE("col2im is the adjoint of im2col and equals a naive scatter", "[core][im2col]", float, double) {
-  using T = TestType;
   std::mt19937_64 rng(2);
   for (const auto& s : shapes) {
     INFO("shape " << geometry(s).describe());
-    const Dense x = eighths(s.inputs(), rng);
-    const Dense p = eighths(std::size_t(s.rows()) * s.patch(), rng);
-    const auto X = device_nchw<T>("x", s.batch, s.channels, s.height, s.width, x);
-    const auto P = kdist_test::device_matrix<T, Kokkos::LayoutRight>(
-        "p", s.rows(), s.patch(), [&](int r, int k) { return p[std::size_t(r) * s.patch() + k]; });
-    const auto dX = device_nchw<T>("dx", s.batch, s.channels, s.height, s.width, Dense(s.inputs(), -7.0));
-    const auto Px = stale_matrix<T>("im2col(x)", s.rows(), s.patch());
-    kdist::col2im(TestExec(), geometry(s), P, dX);
-    kdist::im2col(TestExec(), geometry(s), X, Px);
-    const Dense dx = to_flat(dX);
-    CHECK(relative_error(dx, kdist_test::col2im_ref(p, s)) <= tolerance<T>());
-    // <im2col(x), p> == <x, col2im(p)>
-    const double lhs = dot(to_flat(Px), p), rhs = dot(x, dx);
-    CHECK(std::abs(lhs - rhs) <= tolerance<T>() * std::max(1.0, std::abs(lhs)));
+    check_col2im<TestType, Kokkos::LayoutRight, Kokkos::LayoutRight>(s, rng);
+    check_col2im<TestType, Kokkos::LayoutLeft, Kokkos::LayoutRight>(s, rng);
+    check_col2im<TestType, Kokkos::LayoutLeft, Kokkos::LayoutLeft>(s, rng);
   }
 }
 
@@ -118,11 +130,17 @@ TEMPLATE_TEST_CASE("nchw_to_rows and rows_to_nchw are inverse layout changes", "
     const Dense y = eighths(std::size_t(B) * C * H * W, rng);
     const auto Y = device_nchw<T>("y", B, C, H, W, y);
     const auto R = stale_matrix<T>("rows", B * H * W, C);
+    const auto L = stale_matrix<T, Kokkos::LayoutLeft>("rows (column-major)", B * H * W, C);
     const auto Y2 = device_nchw<T>("y2", B, C, H, W, Dense(y.size(), -7.0));
+    const auto Y3 = device_nchw<T>("y3", B, C, H, W, Dense(y.size(), -7.0));
     kdist::nchw_to_rows(TestExec(), Y, R);
+    kdist::nchw_to_rows(TestExec(), Y, L);
     kdist::rows_to_nchw(R, Y2);  // the overload on the view's default space
+    kdist::rows_to_nchw(TestExec(), L, Y3);
     CHECK(to_flat(R) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
+    CHECK(to_flat(L) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
     CHECK(to_flat(Y2) == y);
+    CHECK(to_flat(Y3) == y);
   }
 }
 

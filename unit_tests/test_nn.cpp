@@ -184,6 +184,47 @@ TEST_CASE("nn::Conv2d: stride 2, padding 1, a 3x2 kernel: forward and gradients"
   }
 }
 
+TEST_CASE("nn::Conv2d: a batch run in several chunks equals its images run one at a time", "[nn]") {
+  // 20x20 outputs x a 200-column patch x 8 bytes = 640 KiB per image: past the host's 512 KiB
+  // chunk, so the batch of 3 runs as 3 chunks (dW accumulated over them); one image is one chunk.
+  const int B = 3, C = 8, H = 20, W = 20, O = 4, K = 5, P = 2;
+  TestExec exec;
+  nn::Conv2d<double, TestMem> batch(C, O, K, K, 1, P), single(C, O, K, K, 1, P);
+  const Values wv = random_values(O * C * K * K, 31), bv = random_values(O, 32);
+  for (auto* conv : {&batch, &single}) {
+    upload(conv->weight(), wv);
+    upload(conv->bias(), bv);
+  }
+  const Values xv = random_values(B * C * H * W, 33), rv = random_values(B * O * H * W, 34);
+  const T4 x = kdist_test::device_nchw<double>("x", B, C, H, W, xv);
+  const T4 r = kdist_test::device_nchw<double>("dy", B, O, H, W, rv);
+  T4 y("y", B, O, H, W), dx("dx", B, C, H, W);
+  batch.forward(exec, x, y);
+  batch.backward(exec, r, dx);
+  const Values y_batch = download(y), dx_batch = download(dx);
+  Values dw_sum(wv.size(), 0.0), db_sum(bv.size(), 0.0), y_images, dx_images;
+  const std::size_t in = std::size_t(C) * H * W, out = std::size_t(O) * H * W;
+  for (int b = 0; b < B; ++b) {
+    const T4 xb =
+        kdist_test::device_nchw<double>("xb", 1, C, H, W, Values(xv.begin() + b * in, xv.begin() + (b + 1) * in));
+    const T4 rb =
+        kdist_test::device_nchw<double>("rb", 1, O, H, W, Values(rv.begin() + b * out, rv.begin() + (b + 1) * out));
+    T4 yb("yb", 1, O, H, W), dxb("dxb", 1, C, H, W);
+    single.forward(exec, xb, yb);
+    single.backward(exec, rb, dxb);
+    const Values ybv = download(yb), dxbv = download(dxb), dw = download(single.weight_gradient()),
+                 db = download(single.bias_gradient());
+    y_images.insert(y_images.end(), ybv.begin(), ybv.end());
+    dx_images.insert(dx_images.end(), dxbv.begin(), dxbv.end());
+    for (std::size_t i = 0; i < dw.size(); ++i) dw_sum[i] += dw[i];
+    for (std::size_t i = 0; i < db.size(); ++i) db_sum[i] += db[i];
+  }
+  CHECK(max_relative(y_batch, y_images) <= 1e-13);
+  CHECK(max_relative(dx_batch, dx_images) <= 1e-13);
+  CHECK(max_relative(download(batch.weight_gradient()), dw_sum) <= 1e-12);
+  CHECK(max_relative(download(batch.bias_gradient()), db_sum) <= 1e-12);
+}
+
 TEST_CASE("nn::ReLU: forward and gradients away from 0, rank 2 and rank 4", "[nn]") {
   TestExec exec;
   nn::ReLU<double, TestMem> relu;

@@ -41,22 +41,26 @@ void affine_forward(const ExecSpace& exec, const WV& W, const BV& b, const XV& X
   kdist::gemm(exec, "N", "T", T(1), X, W, bias ? T(1) : T(0), Y);
 }
 
+/// db(j) := Σ_i dY(i, j), one work item per column.
+template <class ExecSpace, class DYV, class DBV>
+void column_sums(const ExecSpace& exec, const DYV& dY, const DBV& db) {
+  using T = typename DBV::non_const_value_type;
+  const int rows = static_cast<int>(dY.extent(0));
+  Kokkos::parallel_for(
+      "kdist::nn::column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)), KOKKOS_LAMBDA(const int j) {
+        T sum = 0;
+        for (int i = 0; i < rows; ++i) sum += dY(i, j);
+        db(j) = sum;
+      });
+}
+
 /// dW := dYᵀ X; db := Σ_rows dY (when db is not empty); dX := dY W (when dX is not empty).
 template <class ExecSpace, class WV, class XV, class DYV, class DWV, class DBV, class DXV>
 void affine_backward(const ExecSpace& exec, const WV& W, const XV& X, const DYV& dY, const DWV& dW, const DBV& db,
                      const DXV& dX) {
   using T = typename DWV::non_const_value_type;
   kdist::gemm(exec, "T", "N", T(1), dY, X, T(0), dW);
-  if (db.extent(0) > 0) {
-    const int rows = static_cast<int>(dY.extent(0));
-    Kokkos::parallel_for(
-        "kdist::nn::affine_backward::bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
-        KOKKOS_LAMBDA(const int j) {
-          T sum = 0;
-          for (int i = 0; i < rows; ++i) sum += dY(i, j);
-          db(j) = sum;
-        });
-  }
+  if (db.extent(0) > 0) column_sums(exec, dY, db);
   if (dX.size() > 0) kdist::gemm(exec, "N", "N", T(1), dY, W, T(0), dX);
 }
 
@@ -116,6 +120,11 @@ class Affine {
   template <class XView>
   void hook_forward(const execution_space& exec, const XView& x) {
     if (kfac_) kfac_->on_forward(exec, index_, x);
+  }
+  /// A Conv2d's forward hands kfac its im2col patches, so factor A reuses them.
+  template <class PView>
+  void hook_forward_patches(const execution_space& exec, const Conv2dGeometry& g, const PView& patches) {
+    if (kfac_) kfac_->on_forward(exec, index_, g, patches);
   }
   template <class YView>
   void hook_backward(const execution_space& exec, const YView& dy) {
