@@ -62,15 +62,32 @@ void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
   constexpr int tile = 64;
   const int n = static_cast<int>(M.extent(0));
   const int tiles = (n + tile - 1) / tile;
-  Kokkos::parallel_for(
-      "kdist::mirror_upper_to_lower", Kokkos::RangePolicy<ExecSpace>(exec, 0, tiles), KOKKOS_LAMBDA(const int tj) {
-        const int j0 = tj * tile, j1 = j0 + tile < n ? j0 + tile : n;
-        for (int i0 = j0; i0 < n; i0 += tile) {
-          const int i1 = i0 + tile < n ? i0 + tile : n;
-          for (int j = j0; j < j1; ++j)
-            for (int i = (i0 > j + 1 ? i0 : j + 1); i < i1; ++i) M(i, j) = M(j, i);
-        }
-      });
+  if constexpr (std::is_same<typename MV::array_layout, Kokkos::LayoutLeft>::value) {
+    // Through the raw column-major storage: the loops keep the pointer in a register (through
+    // the view, Kokkos 3.4 Serial reloaded it on every element).
+    const std::size_t ld = M.stride(1);
+    auto* const data = M.data();
+    Kokkos::parallel_for(
+        "kdist::mirror_upper_to_lower", Kokkos::RangePolicy<ExecSpace>(exec, 0, tiles), KOKKOS_LAMBDA(const int tj) {
+          auto* const a = data;
+          const int j0 = tj * tile, j1 = j0 + tile < n ? j0 + tile : n;
+          for (int i0 = j0; i0 < n; i0 += tile) {
+            const int i1 = i0 + tile < n ? i0 + tile : n;
+            for (int j = j0; j < j1; ++j)
+              for (int i = (i0 > j + 1 ? i0 : j + 1); i < i1; ++i) a[i + j * ld] = a[j + i * ld];
+          }
+        });
+  } else {
+    Kokkos::parallel_for(
+        "kdist::mirror_upper_to_lower", Kokkos::RangePolicy<ExecSpace>(exec, 0, tiles), KOKKOS_LAMBDA(const int tj) {
+          const int j0 = tj * tile, j1 = j0 + tile < n ? j0 + tile : n;
+          for (int i0 = j0; i0 < n; i0 += tile) {
+            const int i1 = i0 + tile < n ? i0 + tile : n;
+            for (int j = j0; j < j1; ++j)
+              for (int i = (i0 > j + 1 ? i0 : j + 1); i < i1; ++i) M(i, j) = M(j, i);
+          }
+        });
+  }
 }
 
 /// Fill the square matrix `full` from `packed`, mirroring the upper triangle to the lower.
