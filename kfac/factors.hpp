@@ -110,6 +110,17 @@ void check_layer_views(const char* func, const Layer& layer, LayerKind kind, con
   kdist::impl::require_disjoint(func, v, factor);
 }
 
+/// Entries of the vector v that are not exactly 1.
+template <class ExecSpace, class V>
+int count_not_one(const ExecSpace& exec, const V& v) {
+  using T = typename V::non_const_value_type;
+  int count = 0;
+  Kokkos::parallel_reduce(
+      "kdist::kfac::count_not_one", Kokkos::RangePolicy<ExecSpace>(exec, 0, v.extent(0)),
+      KOKKOS_LAMBDA(const int i, int& n) { n += v(i) == T(1) ? 0 : 1; }, count);
+  return count;
+}
+
 template <class AView, class T, class MemorySpace, class ExecSpace>
 constexpr void static_check_workspace() {
   static_assert(std::is_same<typename AView::non_const_value_type, T>::value,
@@ -145,7 +156,9 @@ void dense_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, 
 }
 
 /// A = āᵀā / (B·S) from the patches that kdist::im2col formed for the geometry g of a Conv2d
-/// layer's input (g.rows() x g.patch(), any layout; column-major is read in place by syrk).
+/// layer's input: g.rows() x g.patch() (any layout; column-major is read in place by syrk), or,
+/// for a layer with a bias, g.rows() x (g.patch() + 1) with ones in the last column, ā itself:
+/// then the bias row comes out of the one syrk instead of a pass over the patches.
 template <class ExecSpace, class PView, class AView>
 void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, const Conv2dGeometry& g,
                                   const PView& patches, const AView& A) {
@@ -159,12 +172,20 @@ void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, con
   if (g.channels != layer.in_channels() || g.kernel_h != layer.kernel_h() || g.kernel_w != layer.kernel_w() ||
       g.stride != layer.stride() || g.padding != layer.padding())
     kdist::impl::throw_invalid(func, "the patches' geometry (" + g.describe() + ") is not the layer's" + why);
-  kdist::impl::require_extents(func, patches, {std::size_t(g.rows()), std::size_t(g.patch())},
-                               "(batch*out_h*out_w x in_channels*kernel_h*kernel_w)" + why);
+  const bool augmented = layer.bias() && patches.extent(1) == std::size_t(g.patch()) + 1;
+  kdist::impl::require_extents(func, patches, {std::size_t(g.rows()), std::size_t(g.patch()) + (augmented ? 1 : 0)},
+                               std::string("(batch*out_h*out_w x in_channels*kernel_h*kernel_w") +
+                                   (layer.bias() ? " (+1: ones)" : "") + ")" + why);
   kdist::impl::require_extents(func, A, {std::size_t(layer.a_dim()), std::size_t(layer.a_dim())}, "(the factor)" + why);
   kdist::impl::require_disjoint(func, patches, A);
   using T = typename AView::non_const_value_type;
-  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias());
+  if (augmented) {
+    const int not_one = impl::count_not_one(exec, Kokkos::subview(patches, Kokkos::ALL(), g.patch()));
+    if (not_one > 0)
+      kdist::impl::throw_invalid(func, std::to_string(not_one) + " entries of the patches' last column " +
+                                           kdist::impl::describe(patches) + " are not 1" + why);
+  }
+  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias() && !augmented);
 }
 
 /// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer.

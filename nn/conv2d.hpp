@@ -104,11 +104,14 @@ class Conv2d : public impl::Affine<T, Mem> {
     impl::require_extents(func, y, extents(g.batch, this->layer_.outputs(), g.out_h(), g.out_w()),
                           "(batch x out_channels x out_h x out_w)" + why);
     impl::require_disjoint(func, x, y);
-    impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", g.rows(), g.patch());
+    // With a bias the patches get a last column of ones, ā itself: factor A is then one syrk.
+    const int K = g.patch(), augmented = this->layer_.bias() ? 1 : 0;
+    impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", g.rows(), K + augmented);
+    if (augmented) Kokkos::deep_copy(exec, Kokkos::subview(patches_, Kokkos::ALL(), K), T(1));
     reserve_chunks(exec, g);
     // Chunk by chunk, so each chunk's patches are still in cache for its gemm.
-    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Rows& rows) {
-      const auto P = Kokkos::subview(patches_, rows, Kokkos::ALL());
+    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Range& rows) {
+      const auto P = Kokkos::subview(patches_, rows, Range(0, K));
       static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
                     "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
       const auto Y = chunk(columns_, c.rows(), this->layer_.outputs());
@@ -136,8 +139,8 @@ class Conv2d : public impl::Affine<T, Mem> {
     if (dx.size() > 0) reserve_patch_gradients(exec, g);
     // Chunk by chunk: dWᵀ += Pᵀ dY (the weight's row-major storage read column-major), then
     // dP = dY W in a chunk-sized scratch that col2im reads while it is still in cache.
-    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Rows& rows) {
-      const auto P = Kokkos::subview(patches_, rows, Kokkos::ALL());
+    for_chunks(g, [&](const Conv2dGeometry& c, int first, const Range& rows) {
+      const auto P = Kokkos::subview(patches_, rows, Range(0, g.patch()));
       const auto dY = chunk(columns_, c.rows(), this->layer_.outputs());
       nchw_to_rows(exec, images(dy, first, c.batch), dY);
       kdist::gemm(exec, "T", "N", T(1), P, dY, T(first == 0 ? 0 : 1), weight_columns(this->dW_));
@@ -170,7 +173,7 @@ class Conv2d : public impl::Affine<T, Mem> {
   /// the gemm, and its patch gradients between the gemm and col2im: the host runs a batch in
   /// chunks of whole images that fit (one image at least).
   static constexpr std::size_t chunk_bytes = std::size_t(512) << 10;
-  using Rows = std::pair<int, int>;
+  using Range = std::pair<int, int>;
 
   static int images_per_chunk(const Conv2dGeometry& g) {
     if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return g.batch;  // GPUs: one launch
@@ -184,7 +187,7 @@ class Conv2d : public impl::Affine<T, Mem> {
     for (int first = 0; first < g.batch; first += per) {
       Conv2dGeometry c = g;
       c.batch = std::min(per, g.batch - first);
-      f(c, first, Rows(first * rows_per_image, (first + c.batch) * rows_per_image));
+      f(c, first, Range(first * rows_per_image, (first + c.batch) * rows_per_image));
     }
   }
   void reserve_chunks(const execution_space& exec, const Conv2dGeometry& g) {

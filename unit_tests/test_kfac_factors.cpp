@@ -101,6 +101,18 @@ void check_conv(const ConvCase& k, kdist::kfac::FactorWorkspace<T, TestMem>& ws,
   const Dense rows = kdist_test::nchw_to_rows_ref(dy, s.batch, k.c_out, s.oh(), s.ow());
   CHECK(relative_error(A, a_ref) <= tolerance<T>());
   CHECK(relative_error(G, gram_ref(rows, s.rows(), k.c_out, false, s.batch)) <= tolerance<T>());
+  // From patches a forward pass formed: plain, and with a bias the ones column appended (ā).
+  const kdist::Conv2dGeometry g{s.batch, s.channels, s.height, s.width, s.kh, s.kw, s.stride, s.padding};
+  const Dense p = kdist_test::patches_ref(x, s);
+  for (int ones : {0, k.bias ? 1 : 0}) {
+    INFO((ones ? "patches with a ones column" : "patches"));
+    const auto P = kdist_test::device_matrix<T, Kokkos::LayoutLeft>("P", s.rows(), s.patch() + ones, [&](int r, int c) {
+      return c < s.patch() ? p[std::size_t(r) * s.patch() + c] : 1.0;
+    });
+    const auto Ap = stale_factor<T>("A from patches", layer.a_dim());
+    kdist::kfac::conv2d_a_factor_from_patches(TestExec(), layer, g, P, Ap);
+    CHECK(relative_error(Ap, a_ref) <= tolerance<T>());
+  }
 }
 
 const ConvCase conv_cases[] = {
@@ -219,6 +231,20 @@ TEST_CASE("factor functions reject the other layer kind and wrong extents, facto
   REQUIRE_THROWS_WITH(
       kdist::kfac::conv2d_g_factor(TestExec(), conv, device_nchw<double>("d", 2, 3, 3, 3, Dense(54, 1.0)), A13, ws),
       Contains("'A[1]' (13 x 13)") && Contains("must be 3 x 3"));
+  // From patches: another geometry, the wrong extents, a "ones" column that is not all ones.
+  const kdist::Conv2dGeometry g{2, 2, 5, 4, 3, 2, 1, 0};  // 18 rows x 12 columns
+  const auto P12 = device_matrix<double, Kokkos::LayoutLeft>("patches", 18, 12, one);
+  const auto P13 = device_matrix<double, Kokkos::LayoutLeft>(
+      "patches+1", 18, 13, [](int r, int c) { return c == 12 && r == 5 ? 2.0 : 1.0; });
+  REQUIRE_THROWS_WITH(
+      kdist::kfac::conv2d_a_factor_from_patches(TestExec(), conv, kdist::Conv2dGeometry{2, 2, 5, 4, 3, 2, 2, 0}, P12,
+                                                A13),
+      Contains("kdist::kfac::conv2d_a_factor_from_patches") && Contains("stride 2") && Contains("is not the layer's"));
+  REQUIRE_THROWS_WITH(kdist::kfac::conv2d_a_factor_from_patches(TestExec(), conv, g, X5, A13),
+                      Contains("'acts5' (8 x 5)") && Contains("must be 18 x 12"));
+  REQUIRE_THROWS_WITH(
+      kdist::kfac::conv2d_a_factor_from_patches(TestExec(), conv, g, P13, A13),
+      Contains("1 entries of the patches' last column") && Contains("'patches+1' (18 x 13)") && Contains("are not 1"));
   CHECK(bytes_of(A5) == a5);
   CHECK(bytes_of(A13) == a13);
   CHECK(bytes_of(G3) == g3);
