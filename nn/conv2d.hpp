@@ -52,6 +52,19 @@ void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, c
       });
 }
 
+/// Y(r, c) += bias(c) for a column-major Y.
+template <class ExecSpace, class BV, class YV>
+void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
+  using T = typename YV::non_const_value_type;
+  const int rows = static_cast<int>(Y.extent(0));
+  Kokkos::parallel_for(
+      "kdist::nn::Conv2d::add_bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)), KOKKOS_LAMBDA(const int c) {
+        T* const column = &Y(0, c);
+        const T add = bias(c);
+        for (int r = 0; r < rows; ++r) column[r] += add;
+      });
+}
+
 /// db(c) := Σ_{b,h,w} dy(b, c, h, w).
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
@@ -114,10 +127,18 @@ class Conv2d : public impl::Affine<T, Mem> {
       const auto P = Kokkos::subview(patches_, rows, Range(0, K));
       static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
                     "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
-      const auto Y = chunk(columns_, c.rows(), this->layer_.outputs());
       kdist::impl::im2col_columns(exec, func, c, images(x, first, c.batch), P);
-      kdist::gemm(exec, "N", "N", T(1), P, weight_columns(this->W_), T(0), Y);
-      impl::columns_to_nchw(exec, Y, this->b_, images(y, first, c.batch));
+      if (c.batch == 1 && y.span_is_contiguous()) {
+        // One image's output (out x OH·OW, row-major) is the column-major matrix the gemm
+        // writes: straight into y, the bias added while it is in cache.
+        const auto Y = image_columns(y, first);
+        kdist::gemm(exec, "N", "N", T(1), P, weight_columns(this->W_), T(0), Y);
+        if (this->b_.extent(0) > 0) impl::add_bias_columns(exec, this->b_, Y);
+      } else {
+        const auto Y = chunk(columns_, c.rows(), this->layer_.outputs());
+        kdist::gemm(exec, "N", "N", T(1), P, weight_columns(this->W_), T(0), Y);
+        impl::columns_to_nchw(exec, Y, this->b_, images(y, first, c.batch));
+      }
     });
     geometry_ = g;
     this->hook_forward_patches(exec, g, patches_);
@@ -141,8 +162,10 @@ class Conv2d : public impl::Affine<T, Mem> {
     // dP = dY W in a chunk-sized scratch that col2im reads while it is still in cache.
     for_chunks(g, [&](const Conv2dGeometry& c, int first, const Range& rows) {
       const auto P = Kokkos::subview(patches_, rows, Range(0, g.patch()));
-      const auto dY = chunk(columns_, c.rows(), this->layer_.outputs());
-      nchw_to_rows(exec, images(dy, first, c.batch), dY);
+      // One image's dy is already the column-major matrix dY; a chunk of several is copied.
+      const bool in_place = c.batch == 1 && dy.span_is_contiguous();
+      const ConstColumns dY = in_place ? image_columns(dy, first) : chunk(columns_, c.rows(), this->layer_.outputs());
+      if (!in_place) nchw_to_rows(exec, images(dy, first, c.batch), chunk(columns_, c.rows(), this->layer_.outputs()));
       kdist::gemm(exec, "T", "N", T(1), P, dY, T(first == 0 ? 0 : 1), weight_columns(this->dW_));
       if (dx.size() == 0) return;
       const auto dP = chunk(dpatches_, c.rows(), c.patch());
@@ -199,6 +222,13 @@ class Conv2d : public impl::Affine<T, Mem> {
     const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
     if (dpatches_.size() < std::size_t(rows) * g.patch())
       impl::ensure(exec, dpatches_, "kdist::nn::Conv2d::patch_gradients", rows, g.patch());
+  }
+  using ConstColumns = Kokkos::View<const T**, Kokkos::LayoutLeft, Mem, Unmanaged>;
+  /// Image b of a contiguous NCHW tensor as the (OH·OW) x channels column-major matrix it is.
+  template <class V>
+  static auto image_columns(const V& v, int b) {
+    using M = Kokkos::View<typename V::value_type**, Kokkos::LayoutLeft, Mem, Unmanaged>;
+    return M(&v(b, 0, 0, 0), v.extent(2) * v.extent(3), v.extent(1));
   }
   /// The first rows x cols of a scratch buffer, as a column-major matrix of its own.
   static WeightColumns chunk(const Columns& buffer, int rows, int cols) {
