@@ -34,6 +34,9 @@ const ConvShape shapes[] = {
     {2, 2, 7, 7, 2, 2, 3, 0},  // stride larger than the kernel: some inputs are never read
     {1, 1, 2, 2, 3, 3, 1, 1},  // kernel larger than the input, fitting only with the padding
     {1, 2, 1, 2, 3, 2, 1, 4},  // padding wider than the kernel: whole patches of zeros
+    {2, 3, 7, 6, 5, 5, 1, 2},  // "same" 5x5 at stride 1: im2col's contiguous plane copy
+    {3, 2, 5, 5, 3, 3, 1, 1},  // "same" 3x3
+    {1, 1, 6, 3, 5, 3, 1, 1},  // same width only (kernel 5 high, padding 1): rows fall out
 };
 
 kdist::Conv2dGeometry geometry(const ConvShape& s) {
