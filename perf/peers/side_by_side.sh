@@ -56,7 +56,9 @@ if [ -z "$peer_skip" ] && [ -z "$kfac_skip" ] && [[ " $rows " == *":kfac "* ]]; 
   "$python" -c "import sys; sys.path.insert(0, '$kfac_dir'); import kfac" 2>/dev/null ||
     kfac_skip="kfac-pytorch does not import from $kfac_dir"
 fi
-[ -n "$kfac_skip" ] && [ -z "$peer_skip" ] && echo "side_by_side.sh: kfac-pytorch rows run kdist alone: $kfac_skip"
+if [ -n "$kfac_skip" ] && [ -z "$peer_skip" ] && [[ " $rows " == *":kfac "* ]]; then
+  echo "side_by_side.sh: kfac-pytorch rows run kdist alone: $kfac_skip"
+fi
 
 run_peer() {  # model optimizer round
   local out="$work/peer.json" extra=()
