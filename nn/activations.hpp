@@ -144,9 +144,9 @@ class MaxPool2d {
         func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)),
         KOKKOS_LAMBDA(const int b, const int c, const int i) {
           if (K == 2)
-            max_row(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, std::integral_constant<int, 2>{});
+            max_row<2>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
           else
-            max_row(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
+            max_row<0>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
         });
     input_ = impl::extents_of(x);
   }
@@ -171,8 +171,7 @@ class MaxPool2d {
           if (i < OH) {
             const T* const grad = &dy(b, c, i, 0);
             const int* const best_at = &argmax(b, c, i, 0);
-            w = K == 2 ? route_row(grad, best_at, out, p, OW, std::integral_constant<int, 2>{})
-                       : route_row(grad, best_at, out, p, OW, K);
+            w = K == 2 ? route_row<2>(grad, best_at, out, p, OW, K) : route_row<0>(grad, best_at, out, p, OW, K);
           }
           for (; w < W; ++w) out[w] = T(0);
         });
@@ -180,9 +179,12 @@ class MaxPool2d {
 
  private:
   /// Window row i of image b, channel c: each window's maximum into out[j], its p·K + q into
-  /// best_at[j] (the first on ties). KT is int, or a std::integral_constant for a known size.
-  template <class XV, class KT>
-  KOKKOS_INLINE_FUNCTION static void max_row(const XV& x, T* out, int* best_at, int b, int c, int i, int OW, KT K) {
+  /// best_at[j] (the first on ties). KC > 0 is the window size known at compile time (its loops
+  /// unroll); KC == 0 takes the runtime k. A plain int, not std::integral_constant: the latter's
+  /// conversion operator is host-only under nvcc.
+  template <int KC, class XV>
+  KOKKOS_INLINE_FUNCTION static void max_row(const XV& x, T* out, int* best_at, int b, int c, int i, int OW, int k) {
+    const int K = KC > 0 ? KC : k;
     for (int j = 0; j < OW; ++j) {
       int best = 0;
       T m = x(b, c, i * K, j * K);
@@ -199,9 +201,10 @@ class MaxPool2d {
     }
   }
   /// Input row p of window row i: the gradient to each window's maximum, 0 elsewhere; returns
-  /// the number of elements written (OW·K).
-  template <class KT>
-  KOKKOS_INLINE_FUNCTION static int route_row(const T* grad, const int* best_at, T* out, int p, int OW, KT K) {
+  /// the number of elements written (OW·K). KC as in max_row.
+  template <int KC>
+  KOKKOS_INLINE_FUNCTION static int route_row(const T* grad, const int* best_at, T* out, int p, int OW, int k) {
+    const int K = KC > 0 ? KC : k;
     int w = 0;
     for (int j = 0; j < OW; ++j) {
       const T g = grad[j];  // loaded unconditionally: a select, not a branch per element
