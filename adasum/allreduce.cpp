@@ -856,14 +856,12 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
   Builder<T> builder(engine, st, hier, doubling, chunk, options.chunk_bytes != 0);
   comm::Schedule sched = builder.build();
   const comm::CheckPayload payload = builder.check_payload();
-  comm::OpDescription what;
-  what.dtype = dtype_of<T>();
-  what.count = static_cast<long long>(n);
   // Ranks that chunk differently would send messages of different sizes: the chunk is part of
   // the signature whenever it can split a half.
-  what.label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
-  if (s.window) what.label += "/in place";
-  what.layout = std::move(layout);
+  std::string label = doubling ? "adasum/doubling" : n > chunk ? "adasum/chunks of " + std::to_string(chunk) : "adasum";
+  if (s.window) label += "/in place";
+  auto what =
+      comm::OpDescription::composite(dtype_of<T>(), static_cast<long long>(n), std::move(label), std::move(layout));
   if (s.window) s.window->sync();  // orders the caller's writes before the check's messages
   return engine.submit(std::move(sched), std::move(what), payload);
 }

@@ -1,52 +1,21 @@
-// The Engine's machinery. Read engine.hpp for the contract; this file holds how it is kept.
+// The Engine as a coordinator: entry (one thread at a time), submission, the ordered progress of
+// every operation in flight, waiting, and teardown. Read engine.hpp for the contract; the
+// machinery it coordinates (wires, control channel, consistency check, MPI and NCCL steps, stall
+// inspector) is listed in comm/impl/engine_core.hpp, one unit per concern.
 //
-// Wire: three duplicates of the user's communicator per Engine, all with MPI_ERRORS_RETURN:
-//   payload  - collective steps, posted strictly in submission order;
-//   p2p      - point-to-point of schedules; tag = tag_base(op) + step tag, so the k-th composite
-//              on every rank uses the same tag block (user send/recv use block 0);
-//   check    - signature all-reduces (collective) and control messages (point-to-point, one
-//              tag); the two never match each other.
-//
-// Signature: kSig values, reduced with MAX together with their negations, so one all-reduce
-// yields both max and -min; equal max and min mean every rank agrees. The all-reduce is
-// impl::SignatureCheck: point-to-point recursive doubling on the check wire, cheaper per
-// operation than MPI_Iallreduce (comm/impl/signature_check.cpp has the figures).
-//
-// Mismatch: every rank finds it at the same check (checks are posted and judged in submission
-// order), so the blocking all-gather of per-rank records that builds the message is matched
-// everywhere; it runs on the p2p wire, the only one with no other collective traffic. The records also carry how many
-// checks each rank has started; each rank runs its started checks to the end and dummy checks up to the maximum, so no
-// check message is left unmatched. Operations before the failing one were checked and are matched on every rank: they
-// complete.
-//
-// Control messages (fixed 512-byte records): ABORT carries a failed rank's message; QUERY asks
-// where a rank is (sent by a stalled rank); REPLY answers. Every Engine keeps one receive posted
-// and tests it on every call.
-//
-// Backends: a step whose buffers are host memory (or device memory with GPU-aware MPI) is posted
-// on MPI; on NCCL builds a step with device buffers is enqueued on NCCL, on the caller's stream,
-// at the same point of the ordered stream, and completes when an event recorded after it does.
-// The NCCL communicator is bootstrapped over the payload wire when the Engine is made.
-//
-// Abandoned work: a request of a nonblocking collective may not be freed or cancelled (MPI 3.1
-// §5.12), so operations that can never complete (a peer failed) are moved to a process-wide list
-// that is never freed; MPI may still write into their buffers.
+// Progress: operations advance in submission order; a step with a collective is posted only when
+// no earlier operation still has a collective to post, so collectives enter MPI (and NCCL) in the
+// same order on every rank. Signatures are judged in submission order too, so every rank raises a
+// mismatch at the same operation.
 #include <kdist/comm/engine.hpp>
-#include <kdist/comm/impl/signature_check.hpp>
+#include <kdist/comm/impl/engine_core.hpp>
 #include <kdist/core/phase.hpp>
 
-#if KDIST_ENABLE_NCCL
-#include <kdist/comm/impl/nccl_bootstrap.hpp>
-#endif
-
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <deque>
-#include <limits>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -91,47 +60,9 @@ const char* to_string(ReduceOp op) {
   return "unknown";
 }
 
-namespace {
-
-// Word-at-a-time multiply-xorshift (every step a bijection of the state, so two inputs that differ
-// in one word always hash differently), finished with MurmurHash3's mixer and kept to 62 bits so
-// the value and its negation are representable. Byte-at-a-time FNV-1a cost ~0.7 us per call for
-// 64 tensors' bounds; this is eight times fewer dependent multiplies.
-struct Hasher {
-  std::uint64_t h = 1469598103934665603ull;
-  void word(std::uint64_t w) {
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 32;
-  }
-  void bytes(const void* p, std::size_t n) {
-    const unsigned char* c = static_cast<const unsigned char*>(p);
-    word(n);
-    for (; n >= 8; n -= 8, c += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, c, 8);
-      word(w);
-    }
-    std::uint64_t tail = 0;
-    std::memcpy(&tail, c, n);
-    word(tail);
-  }
-  void text(const std::string& s) { bytes(s.data(), s.size()); }
-  long long value() const {
-    std::uint64_t x = h;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return static_cast<long long>(x & ((1ull << 62) - 1));
-  }
-};
-
-}  // namespace
-
 std::uint64_t Layout::hash() const {
   if (bounds.empty()) return 0;
-  Hasher h;
+  impl::Hasher h;
   h.bytes(bounds.data(), bounds.size() * sizeof(std::size_t));  // the length goes in first
   for (const auto& l : labels) h.text(l);
   return static_cast<std::uint64_t>(h.value()) | 1;  // never 0: 0 means "no layout"
@@ -155,20 +86,6 @@ std::string Layout::summary() const {
 
 namespace impl {
 
-namespace {
-constexpr int kSig = 8;  // seq, kind, op, dtype, count, root, label hash, layout hash
-static_assert(2 * kSig == SignatureCheck::kValues, "the check carries each value and its negation");
-constexpr int kCtrlTag = 32000;
-constexpr int kCtrlText = 500;
-enum class Ctrl : int { abort = 1, query = 2, reply = 3 };
-struct CtrlMsg {
-  int kind = 0;
-  int from = -1;
-  long long seq = -1;
-  long long wire = 0;  ///< the sending Engine's wire_id: MPI may reuse a freed communicator's context
-  char text[kCtrlText] = {};
-};
-
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -178,193 +95,24 @@ double env_or(const char* name, double fallback) {
   return v && *v ? std::atof(v) : fallback;
 }
 
-MPI_Datatype mpi_type(DType d) {
-  switch (d) {
-    case DType::float32:
-      return MPI_FLOAT;
-    case DType::float64:
-      return MPI_DOUBLE;
-    case DType::int32:
-      return MPI_INT;
-    case DType::int64:
-      return MPI_INT64_T;
-    case DType::bytes:
-      return MPI_BYTE;
-  }
-  return MPI_BYTE;
-}
-MPI_Op mpi_op(ReduceOp op) {
-  return op == ReduceOp::min ? MPI_MIN : op == ReduceOp::max ? MPI_MAX : MPI_SUM;
-}
-
-int as_count(std::size_t n, const std::string& label) {
-  if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-    kdist::impl::throw_invalid("kdist::comm::Engine", "'" + label + "' has " + std::to_string(n) +
-                                                          " elements; one MPI call moves at most 2^31-1");
-  return static_cast<int>(n);
-}
-
 std::vector<std::shared_ptr<Operation>>& graveyard() {
   static auto* g = new std::vector<std::shared_ptr<Operation>>;  // never freed: MPI may still write
   return *g;
 }
+
+std::string Operation::describe() const {
+  std::ostringstream os;
+  os << "operation #" << seq << " " << to_string(what.kind) << " '" << what.label << "'";
+  if (state == State::checking)
+    os << " (signature check pending)";
+  else
+    os << " (step " << step + 1 << " of " << schedule.steps().size() << ")";
+  return os.str();
+}
+
+namespace {
 std::atomic<std::uint64_t> g_next_engine_id{1};
 }  // namespace
-
-struct Operation {
-  enum class State { checking, ready, done, failed };
-  OpDescription what;
-  long long seq = -1;  ///< collective index (-1: user point-to-point, not checked)
-  Schedule schedule;
-  std::size_t step = 0;
-  bool step_posted = false;
-  long long collectives_left = 0;
-  std::vector<MPI_Request> requests;
-  long long sig_send[2 * kSig] = {};
-  SignatureCheck check;
-  CheckPayload payload;  ///< exchanged with rank ^ 1 inside the check (Engine::submit)
-  State state = State::ready;
-  std::exception_ptr error;
-  int tag_base = 0;
-#if KDIST_ENABLE_NCCL
-  std::unique_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
-#endif
-
-  bool finished() const {
-    return state == State::done || state == State::failed;
-  }
-  std::string describe() const {
-    std::ostringstream os;
-    os << "operation #" << seq << " " << to_string(what.kind) << " '" << what.label << "'";
-    if (state == State::checking)
-      os << " (signature check pending)";
-    else
-      os << " (step " << step + 1 << " of " << schedule.steps().size() << ")";
-    return os.str();
-  }
-};
-
-struct EngineCore {
-  Communicator comm;
-  EngineOptions options;
-  std::uint64_t id = 0;
-  // Agreed by every rank at construction. A control message still in flight when an Engine is
-  // destroyed can reach the next Engine whose duplicated communicator got the same context id;
-  // messages stamped with another wire_id are dropped.
-  long long wire_id = 0;
-  int rank = 0, size = 1;
-  MPI_Comm payload = MPI_COMM_NULL, p2p = MPI_COMM_NULL, check = MPI_COMM_NULL;
-  std::shared_ptr<MPI_Comm> payload_owner, p2p_owner, check_owner;
-  int tag_blocks = 1;
-  std::vector<int> node_of;  ///< shared-memory node of each rank (its lowest rank)
-  long long next_seq = 0, next_composite = 0;
-  long long checks_started = 0;  ///< not next_seq: without check_consistency only finish and split check
-  std::deque<std::shared_ptr<Operation>> inflight;
-  EngineStats stats;
-  std::exception_ptr poisoned;
-  bool finished = false;
-  std::atomic<std::thread::id> owner{std::thread::id()};
-  // Control channel.
-  CtrlMsg ctrl_in;
-  MPI_Request ctrl_request = MPI_REQUEST_NULL;
-  std::vector<std::pair<std::unique_ptr<CtrlMsg>, MPI_Request>> ctrl_out;
-  std::vector<std::string> replies;
-#if KDIST_ENABLE_NCCL
-  std::unique_ptr<nccl::Comm> nccl;
-#endif
-
-  explicit EngineCore(const Communicator& c) : comm(c) {}
-
-  void ok(int rc, const char* call) const {
-    check_mpi(rc, call, rank);
-  }
-  SignatureCheck::Wire check_wire() const {
-    return {check, rank, size, wire_id};
-  }
-  MPI_Comm group_comm(const Group& g) const {
-    return g.sub() ? g.sub()->raw() : payload;
-  }
-
-  void post_ctrl_recv() {
-    ok(MPI_Irecv(&ctrl_in, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, check, &ctrl_request),
-       "MPI_Irecv (control)");
-  }
-  void send_ctrl(int to, Ctrl kind, const std::string& text) {
-    auto m = std::make_unique<CtrlMsg>();
-    m->kind = static_cast<int>(kind);
-    m->from = rank;
-    m->seq = next_seq;
-    m->wire = wire_id;
-    std::strncpy(m->text, text.c_str(), kCtrlText - 1);
-    MPI_Request r = MPI_REQUEST_NULL;
-    if (MPI_Isend(m.get(), sizeof(CtrlMsg), MPI_BYTE, to, kCtrlTag, check, &r) == MPI_SUCCESS)
-      ctrl_out.emplace_back(std::move(m), r);
-  }
-  void reap_ctrl_sends() {
-    for (auto it = ctrl_out.begin(); it != ctrl_out.end();) {
-      int done = 0;
-      MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
-      it = done ? ctrl_out.erase(it) : it + 1;
-    }
-  }
-
-  std::string where() const {
-    for (const auto& op : inflight)
-      if (!op->finished()) return "waits for " + op->describe();
-    return "has no operation in flight (next is #" + std::to_string(next_seq) + ")";
-  }
-
-  /// Fails every unfinished operation whose index is at least `from_seq` (composites and
-  /// collectives; with from_seq < 0 user point-to-point too).
-  void fail_from(long long from_seq, std::exception_ptr e) {
-    for (auto& op : inflight)
-      if (!op->finished() && (op->seq >= from_seq || from_seq < 0)) {
-        op->error = e;
-        op->state = Operation::State::failed;
-      }
-  }
-  void poison(std::exception_ptr e) {
-    if (!poisoned) poisoned = e;
-    fail_from(-1, e);
-  }
-  /// Local failure that peers must hear about.
-  void fail_everywhere(std::exception_ptr e, const std::string& text) {
-    if (poisoned) return;
-    poison(e);
-    for (int r = 0; r < size; ++r)
-      if (r != rank) send_ctrl(r, Ctrl::abort, text);
-  }
-
-  void poll_control() {
-    if (ctrl_request == MPI_REQUEST_NULL) return;
-    for (;;) {
-      int done = 0;
-      MPI_Test(&ctrl_request, &done, MPI_STATUS_IGNORE);
-      if (!done) break;
-      const CtrlMsg m = ctrl_in;
-      post_ctrl_recv();
-      handle_ctrl(m);
-    }
-    reap_ctrl_sends();
-  }
-  void handle_ctrl(const CtrlMsg& m) {
-    if (m.wire != wire_id) return;  // left over from an earlier Engine on a reused context
-    const std::string text(m.text, strnlen(m.text, kCtrlText));
-    switch (static_cast<Ctrl>(m.kind)) {
-      case Ctrl::abort:
-        poison(std::make_exception_ptr(RemoteError("kdist::comm: rank " + std::to_string(m.from) +
-                                                   " failed, so this operation cannot complete on rank " +
-                                                   std::to_string(rank) + ": " + text)));
-        break;
-      case Ctrl::query:
-        send_ctrl(m.from, Ctrl::reply, "rank " + std::to_string(rank) + " " + where());
-        break;
-      case Ctrl::reply:
-        replies.push_back(text);
-        break;
-    }
-  }
-};
 
 }  // namespace impl
 
@@ -398,204 +146,6 @@ class Entry {
   bool outer_ = true;
 };
 
-void make_signature(Operation& op) {
-  const OpDescription& w = op.what;
-  Hasher label;
-  label.text(w.label);
-  const long long sig[impl::kSig] = {op.seq,
-                                     static_cast<long long>(w.kind),
-                                     static_cast<long long>(w.op),
-                                     static_cast<long long>(w.dtype),
-                                     w.count,
-                                     w.root,
-                                     label.value(),
-                                     static_cast<long long>(w.layout.hash() & ((1ull << 62) - 1))};
-  for (int i = 0; i < impl::kSig; ++i) {
-    op.sig_send[i] = sig[i];
-    op.sig_send[impl::kSig + i] = -sig[i];
-  }
-}
-
-void post_check(EngineCore& c, Operation& op) {
-  make_signature(op);
-  op.check.start(c.check_wire(), op.sig_send, op.payload.out, op.payload.bytes);
-  c.stats.bytes_sent += static_cast<long long>(op.payload.bytes);
-  ++c.stats.check_calls;
-  ++c.checks_started;
-  op.state = State::checking;
-}
-
-// ---- mismatch -------------------------------------------------------------------------------
-
-struct Record {
-  long long sig[impl::kSig];
-  long long checks_started;
-  char label[64];
-  char layout[112];
-};
-
-std::string mismatch_message(const EngineCore& c, const Operation& op, const std::vector<Record>& all) {
-  std::ostringstream os;
-  os << "kdist::comm: ranks disagree on collective operation #" << op.seq << " ('" << op.what.label << "' on rank "
-     << c.rank
-     << (op.payload.bytes ? "); nothing of it was used (its check payload crossed, unread). Per rank:"
-                          : "); nothing of it was sent. Per rank:");
-  for (int r = 0; r < c.size; ++r) {
-    const Record& x = all[static_cast<std::size_t>(r)];
-    const auto kind = static_cast<OpKind>(x.sig[1]);
-    os << "\n  rank " << r << ": " << to_string(kind) << " '" << x.label << "'";
-    if (kind == OpKind::finish) {
-      os << " (this rank finished: it submits nothing more)";
-      continue;
-    }
-    os << " op=" << to_string(static_cast<ReduceOp>(x.sig[2])) << " dtype=" << to_string(static_cast<DType>(x.sig[3]))
-       << " count=" << x.sig[4] << " root=" << x.sig[5];
-    if (x.layout[0]) os << " layout=" << x.layout;
-  }
-  return os.str();
-}
-
-// Runs every check started on this rank to the end, in order, then dummy checks up to the number
-// the busiest rank started, so every check message on the check wire is matched on every rank.
-void drain_checks(EngineCore& c, long long max_started) {
-  const impl::SignatureCheck::Wire wire = c.check_wire();
-  for (auto& o : c.inflight)
-    if (o->check.pending()) o->check.run_to_end(wire);
-  const long long zeros[2 * impl::kSig] = {};
-  for (long long k = c.checks_started; k < max_started; ++k) {
-    impl::SignatureCheck dummy;
-    dummy.start(wire, zeros);
-    dummy.run_to_end(wire);
-  }
-}
-
-[[noreturn]] void raise_mismatch(EngineCore& c, Operation& op) {
-  Record mine{};
-  std::memcpy(mine.sig, op.sig_send, sizeof(mine.sig));
-  mine.checks_started = c.checks_started;
-  std::strncpy(mine.label, op.what.label.c_str(), sizeof(mine.label) - 1);
-  std::strncpy(mine.layout, op.what.layout.summary().c_str(), sizeof(mine.layout) - 1);
-  std::vector<Record> all(static_cast<std::size_t>(c.size));
-  // On the point-to-point wire, which carries no other collective: on the check wire ranks may
-  // have posted different numbers of checks before this call.
-  c.ok(MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, c.p2p),
-       "MPI_Allgather (mismatch report)");
-  long long max_started = 0;
-  for (const Record& r : all) max_started = std::max(max_started, r.checks_started);
-  auto e = std::make_exception_ptr(MismatchError(mismatch_message(c, op, all)));
-  if (!c.poisoned) c.poisoned = e;
-  // This and every later operation fail; earlier ones were checked and still complete.
-  c.fail_from(op.seq, e);
-  drain_checks(c, max_started);
-  std::rethrow_exception(e);
-}
-
-// ---- posting and advancing ------------------------------------------------------------------
-
-void post_collective(EngineCore& c, const Schedule::Collective& k, const std::string& label, MPI_Request* r) {
-  using K = Schedule::CollectiveKind;
-  MPI_Comm g = c.group_comm(k.group);
-  const MPI_Datatype t = impl::mpi_type(k.out.dtype);
-  const int n = impl::as_count(k.kind == K::allgather ? k.in.count : k.out.count, label);
-  switch (k.kind) {
-    case K::allreduce:
-      c.ok(MPI_Iallreduce(MPI_IN_PLACE, k.out.data, n, t, impl::mpi_op(k.op), g, r), "MPI_Iallreduce");
-      break;
-    case K::reduce_scatter:
-      c.ok(MPI_Ireduce_scatter_block(k.in.data, k.out.data, n, t, impl::mpi_op(k.op), g, r),
-           "MPI_Ireduce_scatter_block");
-      break;
-    case K::allgather:
-      c.ok(MPI_Iallgather(k.in.data, n, t, k.out.data, n, t, g, r), "MPI_Iallgather");
-      break;
-    case K::broadcast:
-      c.ok(MPI_Ibcast(k.out.data, n, t, k.root, g, r), "MPI_Ibcast");
-      break;
-    case K::none:
-      break;
-  }
-}
-
-#if KDIST_ENABLE_NCCL
-nccl::Reduce nccl_op(ReduceOp op) {
-  return op == ReduceOp::min ? nccl::Reduce::min : op == ReduceOp::max ? nccl::Reduce::max : nccl::Reduce::sum;
-}
-// Device buffers: the step's transfers and collective as one NCCL group on the caller's stream.
-void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
-  using K = Schedule::CollectiveKind;
-  if (s.collective.kind != K::none && s.collective.group.sub())
-    kdist::impl::throw_invalid("kdist::comm::Engine",
-                               "'" + op.what.label +
-                                   "': a collective on a sub-group with device buffers needs "
-                                   "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
-  auto stream = static_cast<cudaStream_t>(s.stream);
-  nccl::Comm& n = *c.nccl;
-  n.group_start();
-  for (const auto& t : s.transfers) {
-    if (t.is_send)
-      n.send(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
-    else
-      n.recv(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
-    ++c.stats.payload_calls;
-  }
-  const auto& k = s.collective;
-  switch (k.kind) {
-    case K::allreduce:
-      n.allreduce(k.out.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
-      break;
-    case K::reduce_scatter:
-      n.reduce_scatter(k.in.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
-      break;
-    case K::allgather:
-      n.allgather(k.in.data, k.out.data, k.in.count, k.in.dtype, stream);
-      break;
-    case K::broadcast:
-      n.broadcast(k.out.data, k.out.count, k.out.dtype, k.root, stream);
-      break;
-    case K::none:
-      break;
-  }
-  n.group_end();
-  if (k.kind != K::none) {
-    ++c.stats.payload_calls;
-    ++c.stats.collective_calls;
-    --op.collectives_left;
-  }
-  op.nccl_done.reset(new nccl::Event);
-  op.nccl_done->record(stream);
-  op.step_posted = true;
-}
-#endif
-
-void post_step(EngineCore& c, Operation& op, const Schedule::Step& s) {
-  op.requests.clear();
-#if KDIST_ENABLE_NCCL
-  if (s.device()) return post_step_nccl(c, op, s);
-#endif
-  for (const auto& t : s.transfers) {
-    MPI_Request r;
-    const int n = impl::as_count(t.buffer.count, op.what.label);
-    const int tag = op.tag_base + t.tag;
-    if (t.is_send) {
-      c.ok(MPI_Isend(t.buffer.data, n, impl::mpi_type(t.buffer.dtype), t.peer, tag, c.p2p, &r), "MPI_Isend");
-      if (op.seq >= 0) c.stats.bytes_sent += static_cast<long long>(size_of(t.buffer.dtype)) * n;
-    } else {
-      c.ok(MPI_Irecv(t.buffer.data, n, impl::mpi_type(t.buffer.dtype), t.peer, tag, c.p2p, &r), "MPI_Irecv");
-    }
-    op.requests.push_back(r);
-    ++c.stats.payload_calls;
-  }
-  if (s.collective.kind != Schedule::CollectiveKind::none) {
-    MPI_Request r;
-    post_collective(c, s.collective, op.what.label, &r);
-    op.requests.push_back(r);
-    ++c.stats.payload_calls;
-    ++c.stats.collective_calls;
-    --op.collectives_left;
-  }
-  op.step_posted = true;
-}
-
 // Runs the step's local work. An exception from a middle step leaves peers waiting for this
 // rank's later steps: it fails the Engine everywhere. From the last step only this operation.
 void run_local_work(EngineCore& c, Operation& op, Schedule::Step& s, bool last) {
@@ -623,18 +173,6 @@ void run_overlap_work(EngineCore& c, Operation& op, Schedule::Step& s) {
   }
 }
 
-// The partner agreed on the signature, which fixes the payload's size; anything else is a fault.
-void take_payload(EngineCore& c, Operation& op) {
-  if (op.check.payload_bytes() == op.payload.bytes) {
-    std::memcpy(op.payload.in, op.check.payload(), op.payload.bytes);
-    return;
-  }
-  const std::string text = "'" + op.what.label + "' received " + std::to_string(op.check.payload_bytes()) +
-                           " check-payload bytes from rank " + std::to_string(c.rank ^ 1) + ", expected " +
-                           std::to_string(op.payload.bytes) + " (rank " + std::to_string(c.rank) + ")";
-  c.fail_everywhere(std::make_exception_ptr(BackendError("kdist::comm: " + text)), text);
-}
-
 void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (op.finished()) return;
   if (op.state == State::checking) {
@@ -642,19 +180,14 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
       earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
       return;
     }
-    const long long* agreed = op.check.result();
-    bool same = true;
-    for (int i = 0; i < impl::kSig; ++i) same = same && agreed[i] == -agreed[impl::kSig + i];
-    if (!same) raise_mismatch(c, op);
-    op.state = State::ready;
-    if (op.payload.bytes) take_payload(c, op);
+    impl::judge_check(c, op);
   }
   auto& steps = op.schedule.steps();
   while (op.step < steps.size() && !op.finished()) {
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
-      post_step(c, op, s);
+      impl::post_step(c, op, s);
       run_overlap_work(c, op, s);
     }
     int done = 1;
@@ -700,28 +233,6 @@ void progress_core(EngineCore& c) {
   }
 }
 
-// ---- stalls ---------------------------------------------------------------------------------
-
-void report_stall(EngineCore& c, const Operation& op, double waited) {
-  c.replies.clear();
-  for (int r = 0; r < c.size; ++r)
-    if (r != c.rank) c.send_ctrl(r, impl::Ctrl::query, "");
-  const double until = impl::now() + 0.5;
-  while (impl::now() < until && static_cast<int>(c.replies.size()) < c.size - 1) {
-    c.poll_control();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::ostringstream os;
-  os << "[kdist] rank " << c.rank << " has waited " << static_cast<int>(waited) << " s for " << op.describe()
-     << ". Every rank must submit the same collectives in the same order. Where the ranks are:\n  rank " << c.rank
-     << " " << c.where();
-  for (const auto& r : c.replies) os << "\n  " << r;
-  if (static_cast<int>(c.replies.size()) < c.size - 1)
-    os << "\n  " << c.size - 1 - static_cast<int>(c.replies.size())
-       << " other rank(s) did not answer: not inside this Engine (busy elsewhere, finished, or stuck)";
-  std::fprintf(stderr, "%s\n", os.str().c_str());
-}
-
 void wait_op(EngineCore& c, Operation& op) {
   if (op.finished()) {
     ++c.stats.completed_before_wait;
@@ -733,16 +244,7 @@ void wait_op(EngineCore& c, Operation& op) {
     while (!op.finished()) {
       progress_core(c);
       if (op.finished()) break;
-      const double waited = impl::now() - start;
-      if (!warned && c.options.stall_warning_seconds > 0 && waited > c.options.stall_warning_seconds) {
-        report_stall(c, op, waited);
-        warned = true;
-      }
-      if (c.options.stall_timeout_seconds > 0 && waited > c.options.stall_timeout_seconds) {
-        const std::string text = "rank " + std::to_string(c.rank) + " waited " + std::to_string(int(waited)) +
-                                 " s for " + op.describe() + " and gave up (stall_timeout_seconds)";
-        c.fail_everywhere(std::make_exception_ptr(StallError("kdist::comm: " + text)), text);
-      }
+      impl::inspect_stall(c, op, impl::now() - start, warned);
     }
   }
   if (op.state == State::failed) std::rethrow_exception(op.error);
@@ -897,7 +399,7 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
     op->seq = c.next_seq++;
     op->tag_base = static_cast<int>(1 + c.next_composite++ % (c.tag_blocks - 1)) * Schedule::kMaxTag;
     if (c.options.check_consistency || op->what.kind == OpKind::finish || op->what.kind == OpKind::split)
-      post_check(c, *op);
+      impl::post_check(c, *op);
   }
   c.inflight.push_back(op);
   progress_core(c);
@@ -931,7 +433,7 @@ void Engine::finish() {
     Entry entry(c, "kdist::comm::Engine::finish");
     wait_all_core(c);
   }
-  Request r = enqueue({OpKind::finish, DType::bytes, 0, -1, ReduceOp::sum, "finish", {}}, Schedule("finish"));
+  Request r = enqueue(OpDescription::finish(), Schedule("finish"));
   r.wait();
   c.finished = true;
 }
@@ -946,9 +448,7 @@ Communicator Engine::split_group(bool node, int node_size) {
   EngineCore& c = *core_;
   // Agree (checked) that every rank splits here, with nothing in flight, then split the wire.
   wait_all();
-  enqueue({OpKind::split, DType::int32, node_size, -1, ReduceOp::sum, node ? "node_group" : "cross_node_group", {}},
-          Schedule("split"))
-      .wait();
+  enqueue(OpDescription::split(node_size, node ? "node_group" : "cross_node_group"), Schedule("split")).wait();
   Communicator wire(std::shared_ptr<MPI_Comm>(core_, &c.payload), "engine", c.id);
   return node ? wire.node(node_size) : wire.cross_node(node_size);
 }

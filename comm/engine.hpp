@@ -7,7 +7,7 @@
 // - Operations (all-reduce sum/average/min/max, broadcast, reduce-scatter, all-gather, send/recv,
 //   composite Schedules) return a Request, valid after the Engine is gone. Views in any memory
 //   space: host memory goes to MPI as is; device memory is staged through the host, or handed to
-//   GPU-aware MPI, or enqueued on NCCL on the caller's stream (comm/engine.cpp says how).
+//   GPU-aware MPI, or enqueued on NCCL on the caller's stream (comm/impl/engine_core.hpp says how).
 // - Progress: no thread; every call (submit, test, wait, progress) advances everything in flight.
 // - Every collective is checked across ranks before its payload moves (a composite may send its
 //   first bytes inside the check, CheckPayload, read only once the ranks agree); a rank that fails,
@@ -79,14 +79,46 @@ struct Layout {
 };
 
 /// What the signature check compares (built by the Engine's operations; composites pass theirs).
+/// Made through the named constructors, one per operation kind.
 struct OpDescription {
   OpKind kind = OpKind::composite;
   DType dtype = DType::bytes;
   long long count = 0;
-  int root = -1;
+  int root = -1;  ///< broadcast: the root; send/recv: the peer; split: the node size
   ReduceOp op = ReduceOp::sum;
   std::string label;
   Layout layout;
+
+  /// A composite Schedule of `count` elements of `dtype` per rank (Engine::submit).
+  static OpDescription composite(DType dtype, long long count, std::string label, Layout layout = {}) {
+    return {OpKind::composite, dtype, count, -1, ReduceOp::sum, std::move(label), std::move(layout)};
+  }
+  static OpDescription allreduce(DType dtype, long long count, ReduceOp op, std::string label, Layout layout = {}) {
+    return {OpKind::allreduce, dtype, count, -1, op, std::move(label), std::move(layout)};
+  }
+  static OpDescription broadcast(DType dtype, long long count, int root, std::string label) {
+    return {OpKind::broadcast, dtype, count, root, ReduceOp::sum, std::move(label), {}};
+  }
+  /// `count`: the elements each rank keeps.
+  static OpDescription reduce_scatter(DType dtype, long long count, ReduceOp op, std::string label) {
+    return {OpKind::reduce_scatter, dtype, count, -1, op, std::move(label), {}};
+  }
+  /// `count`: the elements each rank contributes.
+  static OpDescription allgather(DType dtype, long long count, std::string label) {
+    return {OpKind::allgather, dtype, count, -1, ReduceOp::sum, std::move(label), {}};
+  }
+  static OpDescription send(DType dtype, long long count, int dest, std::string label) {
+    return {OpKind::send, dtype, count, dest, ReduceOp::sum, std::move(label), {}};
+  }
+  static OpDescription recv(DType dtype, long long count, int source, std::string label) {
+    return {OpKind::recv, dtype, count, source, ReduceOp::sum, std::move(label), {}};
+  }
+  /// The agreement that every rank splits the Engine's wire into node groups here.
+  static OpDescription split(int node_size, std::string label) {
+    return {OpKind::split, DType::int32, node_size, -1, ReduceOp::sum, std::move(label), {}};
+  }
+  /// The agreement that every rank is done (Engine::finish).
+  static OpDescription finish() { return {OpKind::finish, DType::bytes, 0, -1, ReduceOp::sum, "finish", {}}; }
 };
 
 /// Bytes an operation exchanges with rank ^ 1 inside its signature check's first message
@@ -317,8 +349,8 @@ Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string
   s.step().on_stream(impl::stream_of(exec)).allreduce(Group::all(), Buffer::of(w), op).then([w, v, op, size, exec] {
     impl::finish_reduction(exec, w, v, op, size);
   });
-  return enqueue({OpKind::allreduce, dtype_of<T>(), static_cast<long long>(v.extent(0)), -1, op, std::move(label),
-                  std::move(layout)},
+  return enqueue(OpDescription::allreduce(dtype_of<T>(), static_cast<long long>(v.extent(0)), op, std::move(label),
+                                          std::move(layout)),
                  std::move(s));
 }
 
@@ -335,13 +367,7 @@ Request Engine::broadcast(const Exec& exec, const V& v, int root, std::string la
   s.step().on_stream(impl::stream_of(exec)).broadcast(Group::all(), Buffer::of(w), root).then([w, v, exec] {
     if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
   });
-  return enqueue({OpKind::broadcast,
-                  dtype_of<T>(),
-                  static_cast<long long>(v.extent(0)),
-                  root,
-                  ReduceOp::sum,
-                  std::move(label),
-                  {}},
+  return enqueue(OpDescription::broadcast(dtype_of<T>(), static_cast<long long>(v.extent(0)), root, std::move(label)),
                  std::move(s));
 }
 
@@ -358,7 +384,7 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
       .reduce_scatter(Group::all(), Buffer::of(win), Buffer::of(wout), op)
       .then([win, wout, out, op, size, exec] { impl::finish_reduction(exec, wout, out, op, size); });
   return enqueue(
-      {OpKind::reduce_scatter, dtype_of<T>(), static_cast<long long>(out.extent(0)), -1, op, std::move(label), {}},
+      OpDescription::reduce_scatter(dtype_of<T>(), static_cast<long long>(out.extent(0)), op, std::move(label)),
       std::move(s));
 }
 
@@ -375,9 +401,8 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
       .then([win, wout, out, exec] {
         if (wout.data() != out.data()) Kokkos::deep_copy(exec, out, wout);
       });
-  return enqueue(
-      {OpKind::allgather, dtype_of<T>(), static_cast<long long>(in.extent(0)), -1, ReduceOp::sum, std::move(label), {}},
-      std::move(s));
+  return enqueue(OpDescription::allgather(dtype_of<T>(), static_cast<long long>(in.extent(0)), std::move(label)),
+                 std::move(s));
 }
 
 template <class Exec, class V>
@@ -388,9 +413,8 @@ Request Engine::send(const Exec& exec, const V& v, int dest, int tag, std::strin
   Schedule s(label);
   s.step().on_stream(impl::stream_of(exec)).send(dest, Buffer::of(w), tag).then([w] {
   });  // keeps the wire buffer alive until sent
-  return enqueue(
-      {OpKind::send, dtype_of<T>(), static_cast<long long>(v.extent(0)), dest, ReduceOp::sum, std::move(label), {}},
-      std::move(s));
+  return enqueue(OpDescription::send(dtype_of<T>(), static_cast<long long>(v.extent(0)), dest, std::move(label)),
+                 std::move(s));
 }
 
 template <class Exec, class V>
@@ -402,9 +426,8 @@ Request Engine::recv(const Exec& exec, const V& v, int source, int tag, std::str
   s.step().on_stream(impl::stream_of(exec)).recv(source, Buffer::of(w), tag).then([w, v, exec] {
     if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);
   });
-  return enqueue(
-      {OpKind::recv, dtype_of<T>(), static_cast<long long>(v.extent(0)), source, ReduceOp::sum, std::move(label), {}},
-      std::move(s));
+  return enqueue(OpDescription::recv(dtype_of<T>(), static_cast<long long>(v.extent(0)), source, std::move(label)),
+                 std::move(s));
 }
 
 }  // namespace comm

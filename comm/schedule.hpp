@@ -8,7 +8,7 @@
 // Buffers are rank-1 contiguous views (any memory space the backend can reach) or, for scratch
 // owned by the schedule's state, typed host pointers; both become a `Buffer` (data, count,
 // dtype). A collective step runs on `Group::all()` (the Engine's own wire) or on a sub-group made
-// by Engine::split(); groups from another Engine are refused at submission.
+// by Engine::node_group() / cross_node_group(); groups from another Engine are refused at submission.
 //
 // Rules: every rank of the Engine submits the same schedules in the same order (the consistency
 // check enforces it); both partners of a transfer use the same `tag` (< Schedule::kMaxTag), and
@@ -57,7 +57,8 @@ struct Buffer {
   }
 };
 
-/// The ranks a collective step runs on: the whole Engine, or a sub-group from Engine::split().
+/// The ranks a collective step runs on: the whole Engine, or a sub-group from Engine::node_group() or
+/// Engine::cross_node_group().
 class Group {
  public:
   static Group all() { return Group(); }

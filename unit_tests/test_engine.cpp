@@ -393,10 +393,7 @@ TEST_CASE("a check payload needs the check and a power-of-two Engine", "[comm][e
   const int P = world.size();
   char out = 1, in = 0;
   const kdist::comm::CheckPayload payload{&out, &in, 1};
-  auto what = [] {
-    return kdist::comm::OpDescription{
-        kdist::comm::OpKind::composite, kdist::DType::bytes, 1, -1, ReduceOp::sum, "payload", {}};
-  };
+  auto what = [] { return kdist::comm::OpDescription::composite(kdist::DType::bytes, 1, "payload"); };
   {
     Engine unchecked(world, kdist::comm::EngineOptions{false});
     CHECK_THROWS_AS(unchecked.submit(kdist::comm::Schedule("p"), what(), payload), kdist::InvalidArgument);

@@ -83,8 +83,7 @@ Comm::~Comm() {
 }
 
 void Comm::allreduce(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream) {
-  KDIST_NCCL_CHECK(
-      ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), impl_->comm, stream));
+  KDIST_NCCL_CHECK(ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), impl_->comm, stream));
 }
 void Comm::broadcast(void* buffer, std::size_t count, DType dtype, int root, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, to_nccl(dtype), root, impl_->comm, stream));
@@ -102,11 +101,15 @@ void Comm::send(const void* buffer, std::size_t count, DType dtype, int peer, cu
 void Comm::recv(void* buffer, std::size_t count, DType dtype, int peer, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclRecv(buffer, count, to_nccl(dtype), peer, impl_->comm, stream));
 }
-Event::Event() { check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+Event::Event() {
+  check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+}
 Event::~Event() {
   if (event_) cudaEventDestroy(event_);
 }
-void Event::record(cudaStream_t stream) { check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord"); }
+void Event::record(cudaStream_t stream) {
+  check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord");
+}
 bool Event::done() const {
   const cudaError_t rc = cudaEventQuery(event_);
   if (rc == cudaErrorNotReady) return false;

@@ -1,4 +1,4 @@
-// NCCL calls behind the Engine's device-buffer steps (the NCCL backend of comm/engine.cpp). Like
+// NCCL calls behind the Engine's device-buffer steps (posted by comm/impl/nccl_steps.cpp). Like
 // the cuSOLVER unit it includes no Kokkos and no MPI: the unique id is bootstrapped by the caller
 // (over the Engine's MPI wire in comm/, locally in perf/gpu_smoke), every call takes the Kokkos
 // instance's stream, and every status is checked. Completion is observed through an Event

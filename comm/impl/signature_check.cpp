@@ -14,7 +14,7 @@
 //   r <  q        send the result to r + P' (kTagFoldOut)
 // A stage ends when its send and its receive are complete, so no buffer is rewritten while MPI
 // may still read it. Round 0 travels as bytes (header, then the payload); the others as
-// kValues + 1 long longs. The tags lie below the control channel's (engine.cpp, kCtrlTag = 32000).
+// kValues + 1 long longs. The tags lie below the control channel's (comm/impl/engine_core.hpp, kCtrlTag = 32000).
 #include <kdist/comm/communicator.hpp>
 #include <kdist/comm/impl/signature_check.hpp>
 

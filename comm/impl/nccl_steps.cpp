@@ -1,0 +1,69 @@
+// Posting a schedule step with device buffers on NCCL (NCCL builds): the step's transfers and
+// collective as one NCCL group on the caller's stream, at the same point of the Engine's ordered
+// stream as an MPI step would be; the step completes when an event recorded after it does. The
+// NCCL communicator is bootstrapped over the payload wire when the Engine is made. NCCL runs on
+// the whole Engine: a collective on a sub-group with device buffers needs staging or GPU-aware MPI.
+#include <kdist/comm/impl/engine_core.hpp>
+
+#if KDIST_ENABLE_NCCL
+
+namespace kdist {
+namespace comm {
+namespace impl {
+
+namespace {
+nccl::Reduce nccl_op(ReduceOp op) {
+  return op == ReduceOp::min ? nccl::Reduce::min : op == ReduceOp::max ? nccl::Reduce::max : nccl::Reduce::sum;
+}
+}  // namespace
+
+void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
+  using K = Schedule::CollectiveKind;
+  if (s.collective.kind != K::none && s.collective.group.sub())
+    kdist::impl::throw_invalid("kdist::comm::Engine",
+                               "'" + op.what.label +
+                                   "': a collective on a sub-group with device buffers needs "
+                                   "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
+  auto stream = static_cast<cudaStream_t>(s.stream);
+  nccl::Comm& n = *c.nccl;
+  n.group_start();
+  for (const auto& t : s.transfers) {
+    if (t.is_send)
+      n.send(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
+    else
+      n.recv(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
+    ++c.stats.payload_calls;
+  }
+  const auto& k = s.collective;
+  switch (k.kind) {
+    case K::allreduce:
+      n.allreduce(k.out.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
+      break;
+    case K::reduce_scatter:
+      n.reduce_scatter(k.in.data, k.out.data, k.out.count, k.out.dtype, nccl_op(k.op), stream);
+      break;
+    case K::allgather:
+      n.allgather(k.in.data, k.out.data, k.in.count, k.in.dtype, stream);
+      break;
+    case K::broadcast:
+      n.broadcast(k.out.data, k.out.count, k.out.dtype, k.root, stream);
+      break;
+    case K::none:
+      break;
+  }
+  n.group_end();
+  if (k.kind != K::none) {
+    ++c.stats.payload_calls;
+    ++c.stats.collective_calls;
+    --op.collectives_left;
+  }
+  op.nccl_done.reset(new nccl::Event);
+  op.nccl_done->record(stream);
+  op.step_posted = true;
+}
+
+}  // namespace impl
+}  // namespace comm
+}  // namespace kdist
+
+#endif  // KDIST_ENABLE_NCCL
