@@ -81,7 +81,7 @@ const char* to_string(Algorithm a);
 
 /// Bytes below which `automatic` takes recursive doubling when nothing was calibrated: at 2 ranks
 /// doubling was faster up to 16 KiB on the emulated 4 Gbit/s link and VHDD from 16 KiB on shared
-/// memory (README, "Adasum all-reduce"); beyond 2 ranks doubling sends log2 P times n, VHDD 2 n.
+/// memory (docs/performance.md, "Adasum"); beyond 2 ranks doubling sends log2 P times n, VHDD 2 n.
 constexpr std::size_t kDefaultSmallBytes = 16u << 10;
 
 /// VHDD's exchange chunk when Options::chunk_bytes is 0: an eighth of this core's L2 cache

@@ -1,4 +1,4 @@
-// The pairwise Adasum operator on fused buffers (ARCHITECTURE.md §3). For each tensor of a buffer
+// The pairwise Adasum operator on fused buffers (docs/architecture.md §3). For each tensor of a buffer
 // (boundaries given as element offsets), with d = a.b, na = a.a, nb = b.b accumulated in double:
 //   ca = na >= sqrt(DBL_MIN) ? 1 - d / (2 na) : 1,   cb likewise,   result = ca a + cb b
 // computed in double as fma(ca, a, cb b) and rounded once to the storage type. Coefficients are

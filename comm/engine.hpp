@@ -88,37 +88,41 @@ struct OpDescription {
   ReduceOp op = ReduceOp::sum;
   std::string label;
   Layout layout;
+  /// What else every rank must have chosen alike (a composite's plan, e.g. Adasum's algorithm and
+  /// chunking), in words: hashed into the signature with the label, and shown in a mismatch report.
+  std::string plan;
 
   /// A composite Schedule of `count` elements of `dtype` per rank (Engine::submit).
-  static OpDescription composite(DType dtype, long long count, std::string label, Layout layout = {}) {
-    return {OpKind::composite, dtype, count, -1, ReduceOp::sum, std::move(label), std::move(layout)};
+  static OpDescription composite(DType dtype, long long count, std::string label, Layout layout = {},
+                                 std::string plan = {}) {
+    return {OpKind::composite, dtype, count, -1, ReduceOp::sum, std::move(label), std::move(layout), std::move(plan)};
   }
   static OpDescription allreduce(DType dtype, long long count, ReduceOp op, std::string label, Layout layout = {}) {
-    return {OpKind::allreduce, dtype, count, -1, op, std::move(label), std::move(layout)};
+    return {OpKind::allreduce, dtype, count, -1, op, std::move(label), std::move(layout), {}};
   }
   static OpDescription broadcast(DType dtype, long long count, int root, std::string label) {
-    return {OpKind::broadcast, dtype, count, root, ReduceOp::sum, std::move(label), {}};
+    return {OpKind::broadcast, dtype, count, root, ReduceOp::sum, std::move(label), {}, {}};
   }
   /// `count`: the elements each rank keeps.
   static OpDescription reduce_scatter(DType dtype, long long count, ReduceOp op, std::string label) {
-    return {OpKind::reduce_scatter, dtype, count, -1, op, std::move(label), {}};
+    return {OpKind::reduce_scatter, dtype, count, -1, op, std::move(label), {}, {}};
   }
   /// `count`: the elements each rank contributes.
   static OpDescription allgather(DType dtype, long long count, std::string label) {
-    return {OpKind::allgather, dtype, count, -1, ReduceOp::sum, std::move(label), {}};
+    return {OpKind::allgather, dtype, count, -1, ReduceOp::sum, std::move(label), {}, {}};
   }
   static OpDescription send(DType dtype, long long count, int dest, std::string label) {
-    return {OpKind::send, dtype, count, dest, ReduceOp::sum, std::move(label), {}};
+    return {OpKind::send, dtype, count, dest, ReduceOp::sum, std::move(label), {}, {}};
   }
   static OpDescription recv(DType dtype, long long count, int source, std::string label) {
-    return {OpKind::recv, dtype, count, source, ReduceOp::sum, std::move(label), {}};
+    return {OpKind::recv, dtype, count, source, ReduceOp::sum, std::move(label), {}, {}};
   }
   /// The agreement that every rank splits the Engine's wire into node groups here.
   static OpDescription split(int node_size, std::string label) {
-    return {OpKind::split, DType::int32, node_size, -1, ReduceOp::sum, std::move(label), {}};
+    return {OpKind::split, DType::int32, node_size, -1, ReduceOp::sum, std::move(label), {}, {}};
   }
   /// The agreement that every rank is done (Engine::finish).
-  static OpDescription finish() { return {OpKind::finish, DType::bytes, 0, -1, ReduceOp::sum, "finish", {}}; }
+  static OpDescription finish() { return {OpKind::finish, DType::bytes, 0, -1, ReduceOp::sum, "finish", {}, {}}; }
 };
 
 /// Bytes an operation exchanges with rank ^ 1 inside its signature check's first message

@@ -3,7 +3,7 @@
 // tensor), byte threshold (Horovod-style), the MG-WFBP / SPD-KFAC merge rule, and the optimal
 // plan: the O(N^2) dynamic program
 //   F(j) = min_i [ max(F(i-1), R_j) + C(m_i + ... + m_j) ]
-// which minimises the finish time for any non-decreasing cost C (ARCHITECTURE.md §3).
+// which minimises the finish time for any non-decreasing cost C (docs/architecture.md §3).
 #pragma once
 
 #include <kdist/comm/engine.hpp>

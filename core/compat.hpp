@@ -1,5 +1,5 @@
 // Kokkos 3.4 (Debian's Trilinos build) vs Kokkos 4.x: every difference kdist relies on is
-// bridged here, so the rest of the code is written once (ARCHITECTURE.md §5).
+// bridged here, so the rest of the code is written once (docs/architecture.md §5).
 #pragma once
 
 #include <Kokkos_Core.hpp>

@@ -1,5 +1,5 @@
 // SPD inverse (A + damping I)^-1 and the symmetric eigendecomposition, on the caller's execution
-// space: LAPACK on host spaces, cuSOLVER on CUDA (three-layer dispatch, ARCHITECTURE.md §4).
+// space: LAPACK on host spaces, cuSOLVER on CUDA (three-layer dispatch, docs/architecture.md §4).
 //
 //   spd_inverse(exec, A, damping, inv [, workspace] [, method])   cholesky (default) or eigen
 //   symmetric_eigen(exec, A, eigenvalues, Q [, workspace])

@@ -1,5 +1,5 @@
 // K-FAC Kronecker factors of one layer from its activations and output gradients, in the KFC
-// normalisation (ARCHITECTURE.md §3), on the caller's execution-space instance:
+// normalisation (docs/architecture.md §3), on the caller's execution-space instance:
 //   Dense, n rows:  A = āᵀā / n with ā = [X 1] when the layer has a bias (a_dim = in (+1));
 //                   G = ĝᵀĝ / n = n·dYᵀdY, with dY the gradient of the MEAN loss, so ĝ = n·dY is
 //                   the per-sample gradient.

@@ -10,7 +10,7 @@
 //
 // Factor dimensions: A is a_dim() = inputs (+1 with bias), G is g_dim() = outputs. The bias is
 // the last column of the preconditioned gradient [dW | db], and the last row/column of A.
-// Normalisation (KFC, ARCHITECTURE.md §3) is stated in kfac/factors.hpp.
+// Normalisation (KFC, docs/architecture.md §3) is stated in kfac/factors.hpp.
 // Constructors throw InvalidArgument on non-positive sizes or a negative padding.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Serial Adasum references in double, straight from ARCHITECTURE.md §3 (naive loops).
+// Serial Adasum references in double, straight from docs/architecture.md §3 (naive loops).
 #pragma once
 
 #include <algorithm>

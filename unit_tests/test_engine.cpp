@@ -163,9 +163,7 @@ TEST_CASE("composite schedule: ring all-gather with local work between rounds", 
         });
   }
   const long long sent_before = eng.stats().bytes_sent;
-  eng.submit(std::move(s),
-             {kdist::comm::OpKind::composite, kdist::DType::float64, n, -1, kdist::comm::ReduceOp::sum, "ring-sum", {}})
-      .wait();
+  eng.submit(std::move(s), kdist::comm::OpDescription::composite(kdist::DType::float64, n, "ring-sum")).wait();
   bool ok = true;
   for (int i = 0; i < n; ++i) {
     double ref = 0;
@@ -204,10 +202,7 @@ TEST_CASE("composite schedule: during() work runs once per step, after the step 
   s.step().then([&] {
     for (double x : in[rounds - 1]) summed += x;
   });
-  eng.submit(
-         std::move(s),
-         {kdist::comm::OpKind::composite, kdist::DType::float64, n, -1, kdist::comm::ReduceOp::sum, "ring-during", {}})
-      .wait();
+  eng.submit(std::move(s), kdist::comm::OpDescription::composite(kdist::DType::float64, n, "ring-during")).wait();
   const std::vector<std::string> expected{"then 0", "during 1", "then 1", "during 2", "then 2"};
   CHECK(order == expected);
   const int left = (me + P - 1) % P;
@@ -227,14 +222,9 @@ TEST_CASE("composite schedule: during() work runs once per step, after the step 
   // Peers wait in a collective that rank 0 never reaches: they hear of its failure there.
   bad.step().allreduce(kdist::comm::Group::all(), kdist::comm::Buffer::host(&x, 1));
   if (P > 1) {
-    CHECK_THROWS(eng.submit(std::move(bad), {kdist::comm::OpKind::composite,
-                                             kdist::DType::float64,
-                                             1,
-                                             -1,
-                                             kdist::comm::ReduceOp::sum,
-                                             "during-throws",
-                                             {}})
-                     .wait());
+    CHECK_THROWS(
+        eng.submit(std::move(bad), kdist::comm::OpDescription::composite(kdist::DType::float64, 1, "during-throws"))
+            .wait());
     CHECK(!eng.healthy());
   }
 }

@@ -245,9 +245,7 @@ TEST_CASE("a throw between two collective steps fails every rank, the second ste
     });
     s.step().allreduce(kdist::comm::Group::all(), kdist::comm::Buffer::host(b.data(), b.size()));
     try {
-      eng.submit(std::move(s),
-                 {kdist::comm::OpKind::composite, kdist::DType::float64, 4, -1, ReduceOp::sum, "two steps", {}})
-          .wait();
+      eng.submit(std::move(s), kdist::comm::OpDescription::composite(kdist::DType::float64, 4, "two steps")).wait();
     } catch (const std::exception& e) {
       named = std::string(e.what()).find("bad step") != std::string::npos;
     }

@@ -29,6 +29,7 @@ void make_signature(Operation& op) {
   const OpDescription& w = op.what;
   Hasher label;
   label.text(w.label);
+  label.text(w.plan);
   const long long sig[kSig] = {op.seq,
                                static_cast<long long>(w.kind),
                                static_cast<long long>(w.op),
@@ -48,6 +49,7 @@ struct Record {
   long long sig[kSig];
   long long checks_started;
   char label[64];
+  char plan[64];
   char layout[112];
 };
 
@@ -67,6 +69,7 @@ std::string mismatch_message(const EngineCore& c, const Operation& op, const std
     }
     os << " op=" << to_string(static_cast<ReduceOp>(x.sig[2])) << " dtype=" << to_string(static_cast<DType>(x.sig[3]))
        << " count=" << x.sig[4] << " root=" << x.sig[5];
+    if (x.plan[0]) os << " plan=" << x.plan;
     if (x.layout[0]) os << " layout=" << x.layout;
   }
   return os.str();
@@ -91,6 +94,7 @@ void drain_checks(EngineCore& c, long long max_started) {
   std::memcpy(mine.sig, op.sig_send, sizeof(mine.sig));
   mine.checks_started = c.checks_started;
   std::strncpy(mine.label, op.what.label.c_str(), sizeof(mine.label) - 1);
+  std::strncpy(mine.plan, op.what.plan.c_str(), sizeof(mine.plan) - 1);
   std::strncpy(mine.layout, op.what.layout.summary().c_str(), sizeof(mine.layout) - 1);
   std::vector<Record> all(static_cast<std::size_t>(c.size));
   // On the point-to-point wire, which carries no other collective: on the check wire ranks may

@@ -1,5 +1,5 @@
 // The Engine's internal state, shared by the units that keep it. Read comm/engine.hpp for the
-// contract and docs/architecture.md §2 for the design; each concern lives in its own unit:
+// contract and docs/architecture.md §6 for the design; each concern lives in its own unit:
 //
 //   comm/engine.cpp                 Engine and Request: entry, submission, progress, teardown
 //   comm/impl/control_channel.cpp   ABORT / QUERY / REPLY messages between the ranks' Engines

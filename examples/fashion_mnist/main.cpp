@@ -7,7 +7,7 @@
 //                     one fused all-reduce, so the update is the global batch's mean gradient;
 //                     then kfac.step (preconditions in place) and the SGD step;
 //   --reduce adasum:  each rank preconditions its own gradient and takes its local SGD step; the
-//                     parameter deltas are combined by Adasum (ARCHITECTURE.md §3).
+//                     parameter deltas are combined by Adasum (docs/architecture.md §3).
 // --workers-per-rank K simulates K SGD workers per rank (workers.hpp): the study of Adasum at more
 // workers than cores. --lr-schedule cosine decays the rate to 0 over the run, per step.
 // A last global batch smaller than the worker count would leave a worker without samples: it is
@@ -406,6 +406,9 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos(argc, argv);
     CLI::App app{"kdist: distributed Fashion-MNIST training with SGD, K-FAC and Adasum"};
     Settings s;
+    // An option given twice takes the last value, so a wrapper's defaults (scripts/demo.sh) can be
+    // overridden by arguments appended after them.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_options(app, s);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
