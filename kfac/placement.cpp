@@ -511,6 +511,17 @@ std::vector<int> broadcast_order(const Placement& p) {
   return order;
 }
 
+std::vector<InverseTask> inverse_tasks(const Placement& p, int rank) {
+  std::vector<InverseTask> tasks;
+  for (int f : broadcast_order(p)) {
+    const int root = p.owner[static_cast<std::size_t>(f)];
+    tasks.push_back({root == rank ? InverseTask::Kind::invert_and_broadcast : InverseTask::Kind::receive, f, root});
+  }
+  for (std::size_t f = 0; f < p.owner.size(); ++f)
+    if (p.owner[f] < 0) tasks.push_back({InverseTask::Kind::invert_local, static_cast<int>(f), -1});
+  return tasks;
+}
+
 namespace {
 __attribute__((format(printf, 2, 3))) void append(std::string* out, const char* fmt, ...) {
   char buf[512];

@@ -106,5 +106,22 @@ double lbp_bound_factor(int ranks);
 /// the same order. Why (one channel fed by P owners) in placement.cpp.
 std::vector<int> broadcast_order(const Placement& p);
 
+/// One step of a rank's inverse stage (Preconditioner::step on inverse steps).
+struct InverseTask {
+  enum class Kind {
+    invert_and_broadcast,  ///< CT, this rank owns it: invert, pack, post the broadcast
+    receive,               ///< CT, another rank owns it: post the broadcast, unpack once it lands
+    invert_local           ///< NCT: invert here, nothing sent
+  };
+  Kind kind;
+  int factor;  ///< index into p.owner
+  int root;    ///< the CT owner; -1 for NCT
+};
+
+/// Rank `rank`'s inverse stage under plan p, in order: every CT factor in broadcast_order(p) (so
+/// every rank posts the broadcasts in one order, and an owner inverts each while its previous
+/// broadcast is in flight), then the NCT factors by index. A pure function of the plan.
+std::vector<InverseTask> inverse_tasks(const Placement& p, int rank);
+
 }  // namespace kfac
 }  // namespace kdist

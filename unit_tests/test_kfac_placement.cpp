@@ -478,3 +478,31 @@ TEST_CASE("placement: channel against a brute force of its model; bound <= optim
       "better than LBP there in %d\n",
       ratios.size(), ratios[ratios.size() / 2], ratios.back(), better);
 }
+
+TEST_CASE("inverse_tasks: CT factors in broadcast order (owner inverts, others receive), then NCT locally",
+          "[kfac][placement]") {
+  using Kind = kdist::kfac::InverseTask::Kind;
+  Placement p;
+  p.ranks = 3;
+  p.owner = {-1, 2, 0, -1, 0, 1};
+  p.inverse_s = {1, 4, 3, 1, 1, 2};
+  p.broadcast_s = {1, 1, 1, 1, 1, 1};
+  const std::vector<int> order = kdist::kfac::broadcast_order(p);
+  for (int rank = 0; rank < p.ranks; ++rank) {
+    INFO("rank " << rank);
+    const auto tasks = kdist::kfac::inverse_tasks(p, rank);
+    REQUIRE(tasks.size() == p.owner.size());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const auto& t = tasks[k];
+      CHECK(t.factor == order[k]);
+      CHECK(t.root == p.owner[static_cast<std::size_t>(t.factor)]);
+      CHECK(t.kind == (t.root == rank ? Kind::invert_and_broadcast : Kind::receive));
+    }
+    CHECK(tasks[order.size()].factor == 0);
+    CHECK(tasks[order.size() + 1].factor == 3);
+    for (std::size_t k = order.size(); k < tasks.size(); ++k) {
+      CHECK(tasks[k].kind == Kind::invert_local);
+      CHECK(tasks[k].root == -1);
+    }
+  }
+}

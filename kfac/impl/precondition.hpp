@@ -1,14 +1,200 @@
-// Preconditioner, continued: preconditioning with the KL clip, re-planning, state and describe().
-// Included by kfac/preconditioner.hpp only.
+// Preconditioner, continued: construction, step() and its stages (factor all-reduce, inverses
+// driven by the placement, preconditioning with the KL clip), re-planning. Included by
+// kfac/preconditioner.hpp only; compiled into kdist_kfac by kfac/preconditioner.cpp.
 #pragma once
 
-#include <kdist/core/atomic_file.hpp>
-
 #include <algorithm>
-#include <sstream>
+#include <cmath>
 
 namespace kdist {
 namespace kfac {
+
+// ---- construction -------------------------------------------------------------------------
+
+template <class T, class M>
+Preconditioner<T, M>::Preconditioner(const comm::Communicator& comm, std::vector<Layer> layers, Options options)
+    : engine_(comm), options_(std::move(options)), order_(static_cast<int>(layers.size()), engine_.rank()) {
+  options_.validate();
+  if (layers.empty()) kdist::impl::throw_invalid("kdist::kfac::Preconditioner", "no layers");
+  switches_ = resolve(options_);
+  if (!options_.cost_models.empty()) models_ = CostModelStore::load(options_.cost_models);
+  const int P = engine_.size(), L = static_cast<int>(layers.size());
+  for (Layer& given : layers) layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, 0, 0});
+  std::vector<PlacementItem> items;
+  std::vector<typename Fused::Tensor> tensors;
+  for (int f = 0; f < 2 * L; ++f) {
+    const bool is_a = f < L;
+    const Layer& owner = layer(is_a ? f : 2 * L - 1 - f);
+    const int d = is_a ? owner.a_dim() : owner.g_dim();
+    FactorSlot slot;
+    slot.label = std::string(is_a ? "A" : "G") + std::to_string(is_a ? f : 2 * L - 1 - f);
+    slot.running = Matrix("kdist::kfac::" + slot.label, d, d);
+    slot.pending = Matrix("kdist::kfac::pending_" + slot.label, d, d);
+    slot.inverse = Matrix("kdist::kfac::inverse_" + slot.label, d, d);
+    impl::fill_identity(execution_space(), slot.running);
+    items.push_back({slot.label, d});
+    tensors.push_back({slot.label, static_cast<std::size_t>(d), true});
+    factor_slots_.push_back(std::move(slot));
+  }
+  placement_ = place(items, PlacementModels::from_store(models_, dtype_of<T>(), P), P, switches_.placement);
+  for (int f = 0; f < factors(); ++f) {
+    FactorSlot& slot = factor_slot(f);
+    if (placement_.owner[static_cast<std::size_t>(f)] >= 0)
+      slot.packed = Vector("kdist::kfac::packed_" + slot.label, packed_size(slot.running.extent(0)));
+  }
+  fused_ = std::make_unique<Fused>(engine_, tensors, Fused::average());
+  for (int l = 0; l < L; ++l) {
+    LayerSlot& slot = layer_slot(l);
+    const int columns = split() ? P * block_columns(l) : slot.layer.a_dim();
+    slot.gradient = Matrix("kdist::kfac::gradient", slot.layer.g_dim(), slot.layer.a_dim());
+    slot.result = Matrix("kdist::kfac::preconditioned", slot.layer.g_dim(), columns);
+    if (split()) slot.block = Matrix("kdist::kfac::preconditioned_block", slot.layer.g_dim(), block_columns(l));
+  }
+  replan_after_ = options_.profile_steps;
+  Kokkos::fence();
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::set_learning_rate(double lr) {
+  Options o = options_;
+  o.lr = lr;
+  o.validate();
+  options_.lr = lr;
+}
+
+template <class T, class M>
+typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::scratch_matrix(int rows, int cols) {
+  const std::size_t need = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  if (scratch_.extent(0) < need)
+    scratch_ = Vector(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::scratch"), need);
+  return Matrix(scratch_.data(), rows, cols);
+}
+
+template <class T, class M>
+double Preconditioner<T, M>::phase_end(const execution_space& exec, double t0) const {
+  compat::fence(exec, "kdist::kfac: phase end");
+  return Clock::local_now() - t0;
+}
+
+// The fresh factor's diagonal holds sums of squares of every input value, so a NaN or Inf
+// anywhere in the batch (or an overflow) shows there: a d-element check, not a pass over the
+// batch. The running factor is then blended into `pending`, never into itself.
+template <class T, class M>
+void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, const Matrix& fresh, int l) {
+  const int d = static_cast<int>(fresh.extent(0));
+  const int bad = impl::count_nonfinite_diagonal(exec, fresh);
+  if (bad > 0) {
+    const bool is_a = f < layers();
+    raise(NonFiniteError(
+        is_a ? "kdist::kfac::on_forward" : "kdist::kfac::on_backward",
+        std::string(is_a ? "activations" : "output gradients") + " of layer " + std::to_string(l) + " " +
+            layer(l).describe(),
+        static_cast<long long>(d), engine_.rank(),
+        std::to_string(bad) + " of the factor's " + std::to_string(d) + " diagonal entries are not finite"));
+  }
+  const FactorSlot& slot = factor_slot(f);
+  impl::blend(exec, slot.pending, slot.running, fresh, static_cast<T>(options_.factor_decay));
+  if (switches_.pipelined) fused_->ready(exec, f, slot.pending);
+}
+
+// ---- step ---------------------------------------------------------------------------------
+
+template <class T, class M>
+void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<Gradient>& gradients) {
+  if (gradients.size() != layer_slots_.size())
+    raise(InvalidArgument("kdist::kfac::step: " + std::to_string(gradients.size()) + " gradients for " +
+                          std::to_string(layers()) + " layers (rank " + std::to_string(engine_.rank()) + ")"));
+  require(order_.check_step());
+  for (int l = 0; l < layers(); ++l) require(check_gradient(l, gradients[static_cast<std::size_t>(l)]));
+  const bool factor_step = step_ % options_.factor_every == 0;
+  if (factor_step) {
+    reduce_factors(exec);
+    for (FactorSlot& slot : factor_slots_) std::swap(slot.running, slot.pending);
+    ++factor_steps_;
+    ++stats_.factor_steps;
+  }
+  if (step_ % options_.inverse_every == 0 || !have_inverses_) {
+    update_inverses(exec);
+    have_inverses_ = true;
+    ++stats_.inverse_steps;
+  }
+  precondition(exec, gradients);
+  if (factor_step) maybe_replan();
+  ++step_;
+  ++stats_.steps;
+  order_.start_step();
+}
+
+template <class T, class M>
+std::string Preconditioner<T, M>::check_gradient(int l, const Gradient& g) const {
+  const Layer& layer = this->layer(l);
+  const bool weight_ok =
+      static_cast<int>(g.weight.extent(0)) == layer.outputs() && static_cast<int>(g.weight.extent(1)) == layer.inputs();
+  const bool bias_ok = layer.bias() ? static_cast<int>(g.bias.extent(0)) == layer.outputs() : g.bias.extent(0) == 0;
+  if (weight_ok && bias_ok) return {};
+  return "kdist::kfac::step: layer " + std::to_string(l) + " " + layer.describe() + " takes a weight gradient " +
+         std::to_string(layer.outputs()) + " x " + std::to_string(layer.inputs()) +
+         (layer.bias() ? " and a bias gradient of " + std::to_string(layer.outputs()) : std::string(" and no bias")) +
+         ", got " + kdist::impl::describe(g.weight) +
+         (g.bias.extent(0) ? " and " + kdist::impl::describe(g.bias) : std::string()) + " (rank " +
+         std::to_string(engine_.rank()) + ")";
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::reduce_factors(const execution_space& exec) {
+  Phase phase("kdist::kfac::factor all-reduce (exposed)", options_.timeline, "kfac communication");
+  const double t0 = Clock::local_now();
+  if (!switches_.pipelined) {
+    fused_->begin();
+    for (int f = 0; f < factors(); ++f) fused_->ready(exec, f, factor_slot(f).pending);
+  }
+  fused_->wait(exec);
+  stats_.factor_comm_exposed += phase_end(exec, t0);
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::invert(const execution_space& exec, int f) {
+  Phase phase("kdist::kfac::inverse", options_.timeline, "kfac inverses");
+  const double t0 = Clock::local_now();
+  FactorSlot& slot = factor_slot(f);
+  try {
+    spd_inverse(exec, slot.running, options_.damping, slot.inverse, inverse_ws_, options_.inverse_method);
+  } catch (const NumericalError& e) {
+    raise(NumericalError(
+        e.operation() + " on K-FAC factor " + slot.label + " (rank " + std::to_string(engine_.rank()) + ")", e.dim(),
+        e.damping(), e.info(), e.reason()));
+  }
+  stats_.inverse_compute += phase_end(exec, t0);
+}
+
+// The stage is this rank's kfac::inverse_tasks: CT factors in broadcast order (every rank submits
+// the broadcasts in that one order, which the Engine keeps; an owner inverts each while its
+// previous broadcast is in flight), then NCT factors locally; then the broadcasts land.
+template <class T, class M>
+void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
+  using Kind = InverseTask::Kind;
+  const std::vector<InverseTask> tasks = inverse_tasks(placement_, engine_.rank());
+  std::vector<std::pair<int, comm::Request>> broadcasts;  // factor, request
+  for (const InverseTask& task : tasks) {
+    FactorSlot& slot = factor_slot(task.factor);
+    if (task.kind == Kind::invert_local || task.kind == Kind::invert_and_broadcast) invert(exec, task.factor);
+    if (task.kind == Kind::invert_and_broadcast) pack_upper(exec, slot.inverse, slot.packed);
+    if (task.kind != Kind::invert_local)
+      broadcasts.emplace_back(task.factor,
+                              engine_.broadcast(exec, slot.packed, task.root, "kfac inverse " + slot.label));
+    engine_.progress();
+  }
+  Phase phase("kdist::kfac::inverse broadcast (exposed)", options_.timeline, "kfac communication");
+  const double t0 = Clock::local_now();
+  for (auto& [f, request] : broadcasts) {
+    request.wait();
+    if (placement_.owner[static_cast<std::size_t>(f)] != engine_.rank())
+      unpack_upper(exec, factor_slot(f).packed, factor_slot(f).inverse);
+  }
+  stats_.inverse_comm_exposed += phase_end(exec, t0);
+}
+
+// ---- preconditioning ----------------------------------------------------------------------
 
 // V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer (split: this rank's column blocks, the
 // all-gathers of every layer in flight together), then nu = min(1, sqrt(kl_clip / |s|)) with
@@ -21,68 +207,63 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   const double t0 = Clock::local_now();
   std::vector<comm::Request> gathers;
   for (int l = 0; l < layers(); ++l) {
-    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    const LayerSlot& slot = layer_slot(l);
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
-    const Matrix W = work_[static_cast<std::size_t>(l)];
-    impl::gather_gradient(exec, W, g.weight, g.bias, layer.bias());
+    impl::gather_gradient(exec, slot.gradient, g.weight, g.bias, slot.layer.bias());
     if (split()) {
       gathers.push_back(precondition_block(exec, l));
       continue;
     }
     // R := G^-1 W in the scratch, then V := R A^-1.
-    const Matrix R = scratch_matrix(layer.outputs(), layer.a_dim());
-    gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], W, T(0), R);
-    gemm(exec, "N", "N", T(1), R, inverse_[static_cast<std::size_t>(a_index(l))], T(0), preconditioned(l));
+    const Matrix R = scratch_matrix(slot.layer.outputs(), slot.layer.a_dim());
+    gemm(exec, "N", "N", T(1), factor_slot(g_index(l)).inverse, slot.gradient, T(0), R);
+    gemm(exec, "N", "N", T(1), R, factor_slot(a_index(l)).inverse, T(0), preconditioned(l));
   }
   for (comm::Request& r : gathers) r.wait();
   double total = 0;
   for (int l = 0; l < layers(); ++l) {
-    const double dot = impl::inner(exec, preconditioned(l), work_[static_cast<std::size_t>(l)]);
+    const Matrix& W = layer_slot(l).gradient;
+    const double dot = impl::inner(exec, preconditioned(l), W);
     if (!std::isfinite(dot))
-      raise(NonFiniteError(
-          "kdist::kfac::step",
-          "gradient of layer " + std::to_string(l) + " " + layers_[static_cast<std::size_t>(l)].describe(),
-          static_cast<long long>(work_[static_cast<std::size_t>(l)].size()), engine_.rank(),
-          "the preconditioned gradient's inner product with the gradient is " + std::to_string(dot)));
+      raise(NonFiniteError("kdist::kfac::step", "gradient of layer " + std::to_string(l) + " " + layer(l).describe(),
+                           static_cast<long long>(W.size()), engine_.rank(),
+                           "the preconditioned gradient's inner product with the gradient is " + std::to_string(dot)));
     total += dot;
   }
   const double s = std::abs(total) * options_.lr * options_.lr;
   const T nu = static_cast<T>(options_.kl_clip > 0 && s > 0 ? std::min(1.0, std::sqrt(options_.kl_clip / s)) : 1.0);
   for (int l = 0; l < layers(); ++l) {
-    const Layer& layer = layers_[static_cast<std::size_t>(l)];
     const Gradient& g = gradients[static_cast<std::size_t>(l)];
-    impl::scatter_gradient(exec, g.weight, g.bias, preconditioned(l), nu, layer.bias());
+    impl::scatter_gradient(exec, g.weight, g.bias, preconditioned(l), nu, layer(l).bias());
   }
   last_clip_ = static_cast<double>(nu);
   stats_.precondition += phase_end(exec, t0);
 }
 
-// This rank's block of columns [c0, c1) of V_l = G^-1 (W A^-1[:, c0:c1]) into block_[l], then the
-// all-gather of every rank's block into result_[l] (columns padded to size x block columns; a
-// rank past the last column sends its block unused).
+// This rank's block of columns [c0, c1) of V_l = G^-1 (W A^-1[:, c0:c1]) into the layer's block,
+// then the all-gather of every rank's block into its result (columns padded to size x block
+// columns; a rank past the last column sends its block unused).
 template <class T, class M>
 comm::Request Preconditioner<T, M>::precondition_block(const execution_space& exec, int l) {
-  const Layer& layer = layers_[static_cast<std::size_t>(l)];
-  const int a = layer.a_dim(), width = block_columns(l);
+  const LayerSlot& slot = layer_slot(l);
+  const int a = slot.layer.a_dim(), width = block_columns(l);
   const int c0 = std::min(a, engine_.rank() * width), c1 = std::min(a, c0 + width);
-  const Matrix B = block_[static_cast<std::size_t>(l)];
   if (c1 > c0) {
-    const Matrix R = scratch_matrix(layer.outputs(), c1 - c0);
+    const Matrix R = scratch_matrix(slot.layer.outputs(), c1 - c0);
     const auto columns = std::make_pair(c0, c1);
-    gemm(exec, "N", "N", T(1), work_[static_cast<std::size_t>(l)],
-         Kokkos::subview(inverse_[static_cast<std::size_t>(a_index(l))], Kokkos::ALL, columns), T(0), R);
-    gemm(exec, "N", "N", T(1), inverse_[static_cast<std::size_t>(g_index(l))], R, T(0),
-         Kokkos::subview(B, Kokkos::ALL, std::make_pair(0, c1 - c0)));
+    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(factor_slot(a_index(l)).inverse, Kokkos::ALL, columns),
+         T(0), R);
+    gemm(exec, "N", "N", T(1), factor_slot(g_index(l)).inverse, R, T(0),
+         Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, c1 - c0)));
   }
-  const Matrix& V = result_[static_cast<std::size_t>(l)];
-  return engine_.allgather(exec, Vector(B.data(), B.size()), Vector(V.data(), V.size()),
+  return engine_.allgather(exec, Vector(slot.block.data(), slot.block.size()),
+                           Vector(slot.result.data(), slot.result.size()),
                            "kfac preconditioned layer " + std::to_string(l));
 }
 
 template <class T, class M>
 typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::preconditioned(int l) const {
-  return Kokkos::subview(result_[static_cast<std::size_t>(l)], Kokkos::ALL,
-                         std::make_pair(0, layers_[static_cast<std::size_t>(l)].a_dim()));
+  return Kokkos::subview(layer_slot(l).result, Kokkos::ALL, std::make_pair(0, layer(l).a_dim()));
 }
 
 template <class T, class M>
@@ -94,135 +275,6 @@ void Preconditioner<T, M>::maybe_replan() {
   planner.threshold_bytes = options_.threshold_bytes;
   fused_->replan([model](double bytes) { return model.time(bytes); }, planner);
   replan_after_ = -1;
-}
-
-// ---- state --------------------------------------------------------------------------------
-
-template <class T, class M>
-StateHeader Preconditioner<T, M>::header() const {
-  StateHeader h;
-  h.dtype = to_string(dtype_of<T>());
-  h.ranks = engine_.size();
-  for (const Layer& l : layers_) h.layers.push_back(l.describe());
-  for (const Matrix& F : running_) h.dims.push_back(static_cast<int>(F.extent(0)));
-  h.step = step_;
-  h.factor_steps = factor_steps_;
-  h.replan_after = replan_after_;
-  h.have_inverses = have_inverses_;
-  h.fusion_groups = fused_->plan().group_end;
-  h.owners = placement_.owner;
-  return h;
-}
-
-namespace impl {
-/// Every rank learns whether any rank failed (collective, through `engine`).
-inline bool any_rank_failed(comm::Engine& engine, bool failed_here) {
-  Kokkos::View<int*, Kokkos::HostSpace> flag("kdist::kfac::status", 1);
-  flag(0) = failed_here ? 1 : 0;
-  engine.allreduce(Kokkos::DefaultHostExecutionSpace(), flag, comm::ReduceOp::max, "kfac state status").wait();
-  return flag(0) != 0;
-}
-}  // namespace impl
-
-template <class T, class M>
-void Preconditioner<T, M>::save(const std::string& path) {
-  if (next_forward_ != 0)
-    raise(
-        InvalidArgument("kdist::kfac::Preconditioner::save: called inside a step (after on_forward); save between "
-                        "step() and the next on_forward (rank " +
-                        std::to_string(engine_.rank()) + ")"));
-  std::exception_ptr error;
-  if (engine_.rank() == 0) {
-    try {
-      std::string payload;
-      for (const auto* list : {&running_, &inverse_})
-        for (const Matrix& F : *list) {
-          const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), F);
-          payload.append(reinterpret_cast<const char*>(host.data()), host.span() * sizeof(T));
-        }
-      write_file_atomically(path, encode_state(header(), payload), "kdist::kfac::Preconditioner::save");
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  if (impl::any_rank_failed(engine_, static_cast<bool>(error))) {
-    if (error) std::rethrow_exception(error);
-    throw Error("kdist::kfac::Preconditioner::save: rank 0 could not write " + path + " (its error is on rank 0)");
-  }
-}
-
-template <class T, class M>
-void Preconditioner<T, M>::load(const std::string& path) {
-  if (next_forward_ != 0)
-    raise(InvalidArgument("kdist::kfac::Preconditioner::load: called inside a step (rank " +
-                          std::to_string(engine_.rank()) + ")"));
-  std::exception_ptr error;
-  StateHeader saved;
-  std::string payload;
-  try {
-    saved = decode_state(path, &payload);
-    check_compatible(path, saved, header(), payload.size(), sizeof(T));
-    if (static_cast<int>(saved.owners.size()) != factors() ||
-        std::any_of(saved.owners.begin(), saved.owners.end(), [&](int o) { return o < -1 || o >= engine_.size(); }))
-      kdist::impl::throw_invalid("kdist::kfac::Preconditioner::load", path + ": owners out of range");
-    if (saved.fusion_groups.empty() || saved.fusion_groups.back() != factors())
-      kdist::impl::throw_invalid("kdist::kfac::Preconditioner::load",
-                                 path + ": fusion plan does not cover the factors");
-  } catch (...) {
-    error = std::current_exception();
-  }
-  if (impl::any_rank_failed(engine_, static_cast<bool>(error))) {
-    if (error) std::rethrow_exception(error);
-    throw Error("kdist::kfac::Preconditioner::load: " + path + " could not be loaded on another rank (rank " +
-                std::to_string(engine_.rank()) + " read it)");
-  }
-  std::size_t offset = 0;
-  for (auto* list : {&running_, &inverse_})
-    for (Matrix& F : *list) {
-      auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), F);
-      std::copy_n(payload.data() + offset, host.span() * sizeof(T), reinterpret_cast<char*>(host.data()));
-      offset += host.span() * sizeof(T);
-      Kokkos::deep_copy(F, host);
-    }
-  step_ = saved.step;
-  factor_steps_ = saved.factor_steps;
-  replan_after_ = saved.replan_after;
-  have_inverses_ = saved.have_inverses;
-  fused_->set_plan(comm::FusionPlan{saved.fusion_groups});
-  if (saved.owners != placement_.owner) {
-    placement_.owner = saved.owners;
-    for (int f = 0; f < factors(); ++f) {
-      const std::size_t d = running_[static_cast<std::size_t>(f)].extent(0);
-      packed_[static_cast<std::size_t>(f)] =
-          saved.owners[static_cast<std::size_t>(f)] < 0 ? Vector() : Vector("kdist::kfac::packed", packed_size(d));
-    }
-  }
-}
-
-// ---- describe -----------------------------------------------------------------------------
-
-template <class T, class M>
-std::string Preconditioner<T, M>::describe() const {
-  std::ostringstream os;
-  os << "kdist K-FAC: strategy " << to_string(options_.strategy) << " (pipelined "
-     << (switches_.pipelined ? "yes" : "no") << ", fusion planner " << comm::to_string(switches_.planner)
-     << ", placement " << to_string(switches_.placement) << ", preconditioning "
-     << (split() ? "split over the ranks" : "on every rank") << "), " << engine_.size() << " rank(s), "
-     << to_string(dtype_of<T>()) << "\n  damping " << options_.damping << ", factor decay " << options_.factor_decay
-     << ", factors every " << options_.factor_every << ", inverses every " << options_.inverse_every
-     << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr << ", inverse by "
-     << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
-     << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
-     << "\n";
-  for (int l = 0; l < layers(); ++l)
-    os << "  layer " << l << ": " << layers_[static_cast<std::size_t>(l)].describe() << ", A "
-       << layers_[static_cast<std::size_t>(l)].a_dim() << "^2, G " << layers_[static_cast<std::size_t>(l)].g_dim()
-       << "^2\n";
-  std::vector<PlacementItem> items;
-  for (const auto& t : fused_->tensors()) items.push_back({t.label, static_cast<int>(t.dim)});
-  os << placement_.describe(items);
-  os << "  fusion groups (factor reduction order A0.., G..0): " << fused_->plan().groups();
-  return os.str();
 }
 
 }  // namespace kfac

@@ -1,0 +1,51 @@
+// The Preconditioner's state, one object per Kronecker factor and one per layer (instead of
+// parallel vectors), and the instantiations kdist_kfac compiles (internal to kfac/).
+#pragma once
+
+#include <kdist/kfac/layers.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <string>
+
+namespace kdist {
+namespace kfac {
+namespace impl {
+
+/// One Kronecker factor, A_l or G_l. The Preconditioner keeps them in reduction order.
+template <class T, class MemorySpace>
+struct FactorSlot {
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
+  using Vector = Kokkos::View<T*, MemorySpace>;
+  std::string label;  ///< "A0", "G3": the fusion tensor's and the placement item's label
+  Matrix running;     ///< the running average, identical on every rank (identity at start)
+  Matrix pending;     ///< this factor step's blend, all-reduced, then swapped with `running`
+  Matrix inverse;     ///< (running + damping I)^-1, from the last inverse step
+  Vector packed;      ///< CT: the broadcast's packed upper triangle; NCT: empty
+};
+
+/// One layer: its description, the gradient as one matrix and its preconditioned result.
+template <class T, class MemorySpace>
+struct LayerSlot {
+  using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
+  Layer layer;
+  Matrix gradient;  ///< [dW | db], g_dim x a_dim
+  Matrix result;    ///< V; split preconditioning: padded to ranks x block columns
+  Matrix block;     ///< split preconditioning: this rank's columns of V
+  int rows = 0;     ///< samples (Dense) or images (Conv2d) the last on_forward saw
+  int spatial = 0;  ///< Conv2d: output locations (out_h * out_w) the last on_forward saw
+};
+
+}  // namespace impl
+}  // namespace kfac
+}  // namespace kdist
+
+/// X(T, MemorySpace) for each Preconditioner that kdist_kfac compiles (kfac/preconditioner.cpp):
+/// float and double, on the host space and, in device builds, on the default device space.
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP) || defined(KOKKOS_ENABLE_SYCL)
+#define KDIST_KFAC_FOR_BUILT_SPACES(X) \
+  X(float, Kokkos::HostSpace)          \
+  X(double, Kokkos::HostSpace)         \
+  X(float, Kokkos::DefaultExecutionSpace::memory_space) X(double, Kokkos::DefaultExecutionSpace::memory_space)
+#else
+#define KDIST_KFAC_FOR_BUILT_SPACES(X) X(float, Kokkos::HostSpace) X(double, Kokkos::HostSpace)
+#endif

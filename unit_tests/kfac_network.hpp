@@ -1,0 +1,356 @@
+// The network, data and dense double reference of the K-FAC tests (test_kfac.cpp,
+// test_kfac_state.cpp): a Conv2d + Dense network whose global data is the same on every rank, each
+// rank taking its share, and the reference updates computed with naive loops in double.
+#pragma once
+
+#include <mpi.h>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <kdist/kfac/preconditioner.hpp>
+#include <vector>
+
+#include "test_space.hpp"
+
+namespace kfac_test {
+
+using namespace kdist;
+using namespace kdist::kfac;
+using kdist_test::TestExec;
+using kdist_test::TestMem;
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// Deterministic data: the same global value on every rank for (step, layer, what, index).
+inline double value(int step, int layer, int what, long long i) {
+  const double x = std::sin(0.37 * (i + 1) + 1.3 * step + 2.1 * layer + 0.7 * what);
+  return x + 0.25 * std::cos(1.7 * i + 0.3 * what);
+}
+
+using Mat = std::vector<std::vector<double>>;
+inline Mat zeros(int r, int c) {
+  return Mat(static_cast<std::size_t>(r), std::vector<double>(static_cast<std::size_t>(c), 0.0));
+}
+inline Mat identity(int d) {
+  Mat m = zeros(d, d);
+  for (int i = 0; i < d; ++i) m[i][i] = 1;
+  return m;
+}
+inline Mat matmul(const Mat& a, const Mat& b) {
+  Mat c = zeros(static_cast<int>(a.size()), static_cast<int>(b[0].size()));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (std::size_t k = 0; k < b.size(); ++k)
+      for (std::size_t j = 0; j < b[0].size(); ++j) c[i][j] += a[i][k] * b[k][j];
+  return c;
+}
+// Gauss-Jordan with partial pivoting.
+inline Mat inverse(Mat a) {
+  const int n = static_cast<int>(a.size());
+  Mat inv = identity(n);
+  for (int c = 0; c < n; ++c) {
+    int p = c;
+    for (int r = c + 1; r < n; ++r)
+      if (std::abs(a[r][c]) > std::abs(a[p][c])) p = r;
+    std::swap(a[c], a[p]);
+    std::swap(inv[c], inv[p]);
+    const double s = a[c][c];
+    for (int j = 0; j < n; ++j) a[c][j] /= s, inv[c][j] /= s;
+    for (int r = 0; r < n; ++r)
+      if (r != c) {
+        const double f = a[r][c];
+        for (int j = 0; j < n; ++j) a[r][j] -= f * a[c][j], inv[r][j] -= f * inv[c][j];
+      }
+  }
+  return inv;
+}
+
+// ---- the network and its data -------------------------------------------------------------
+
+constexpr int kBatch = 12;  // global samples per step: divisible by 1, 2, 3 and 4
+struct ConvShape {
+  int h = 5, w = 6;
+};
+
+inline std::vector<Layer> network() {
+  return {Conv2d(2, 3, 3, 2, 2, 1, true), Dense(7, 4, true), Dense(4, 3, false)};
+}
+
+// Global activation rows of a layer: Dense rows x in; Conv2d the naive im2col patches, with the
+// ones column when the layer has a bias.
+inline Mat activation_rows(const Layer& L, int step, int l) {
+  Mat rows;
+  if (L.kind() == LayerKind::dense) {
+    for (int r = 0; r < kBatch; ++r) {
+      std::vector<double> row;
+      for (int j = 0; j < L.inputs(); ++j) row.push_back(value(step, l, 0, r * L.inputs() + j));
+      if (L.bias()) row.push_back(1);
+      rows.push_back(row);
+    }
+    return rows;
+  }
+  const ConvShape s;
+  const int C = L.in_channels(), oh = L.out_h(s.h), ow = L.out_w(s.w);
+  for (int b = 0; b < kBatch; ++b)
+    for (int i = 0; i < oh; ++i)
+      for (int j = 0; j < ow; ++j) {
+        std::vector<double> row;
+        for (int c = 0; c < C; ++c)
+          for (int p = 0; p < L.kernel_h(); ++p)
+            for (int q = 0; q < L.kernel_w(); ++q) {
+              const int y = i * L.stride() - L.padding() + p, x = j * L.stride() - L.padding() + q;
+              const bool in = y >= 0 && y < s.h && x >= 0 && x < s.w;
+              row.push_back(in ? value(step, l, 0, ((b * C + c) * s.h + y) * s.w + x) : 0.0);
+            }
+        if (L.bias()) row.push_back(1);
+        rows.push_back(row);
+      }
+  return rows;
+}
+
+// Per-sample output gradient g-hat (the gradient of the summed loss) of global row/location r.
+inline double ghat(int step, int l, long long index) {
+  return 0.5 * value(step, l, 1, index);
+}
+
+inline Mat reference_a(const Layer& L, int step, int l) {
+  const Mat rows = activation_rows(L, step, l);
+  Mat A = zeros(L.a_dim(), L.a_dim());
+  for (const auto& r : rows)
+    for (int i = 0; i < L.a_dim(); ++i)
+      for (int j = 0; j < L.a_dim(); ++j) A[i][j] += r[i] * r[j] / static_cast<double>(rows.size());
+  return A;
+}
+
+// Dense: G = ghat^T ghat / N. Conv2d: G = sum over samples and locations of ghat ghat^T / B.
+inline Mat reference_g(const Layer& L, int step, int l) {
+  const ConvShape s;
+  const int S = L.kind() == LayerKind::dense ? 1 : L.out_h(s.h) * L.out_w(s.w);
+  const int d = L.g_dim();
+  Mat G = zeros(d, d);
+  for (int b = 0; b < kBatch; ++b)
+    for (int loc = 0; loc < S; ++loc)
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) {
+          // NCHW index of (b, channel, location) for Conv2d; row-major (b, channel) for Dense.
+          const long long ii = (static_cast<long long>(b) * d + i) * S + loc;
+          const long long jj = (static_cast<long long>(b) * d + j) * S + loc;
+          G[i][j] += ghat(step, l, ii) * ghat(step, l, jj) / kBatch;
+        }
+  return G;
+}
+
+inline double grad_value(int step, int l, int i, int j) {
+  return value(step, l, 2, i * 31 + j);
+}
+
+// ---- what the ranks pass ------------------------------------------------------------------
+
+template <class T>
+using DeviceMatrixR = Kokkos::View<T**, Kokkos::LayoutRight, TestMem>;
+template <class T>
+using Device4 = Kokkos::View<T****, Kokkos::LayoutRight, TestMem>;
+
+struct Share {
+  int first, count;
+};
+inline Share share() {
+  const int P = world_size(), r = world_rank();
+  return {r * kBatch / P, kBatch / P};
+}
+
+template <class T>
+Device4<T> conv_input(const Layer& L, int step, int l) {
+  const ConvShape s;
+  const Share sh = share();
+  Device4<T> x("x", sh.count, L.in_channels(), s.h, s.w);
+  auto h = Kokkos::create_mirror_view(x);
+  for (int b = 0; b < sh.count; ++b)
+    for (int c = 0; c < L.in_channels(); ++c)
+      for (int y = 0; y < s.h; ++y)
+        for (int z = 0; z < s.w; ++z)
+          h(b, c, y, z) =
+              static_cast<T>(value(step, l, 0, (((sh.first + b) * L.in_channels() + c) * s.h + y) * s.w + z));
+  Kokkos::deep_copy(x, h);
+  return x;
+}
+
+// Local gradients of the mean loss over this rank's samples: g-hat / (local samples).
+template <class T>
+Device4<T> conv_output_grad(const Layer& L, int step, int l) {
+  const ConvShape s;
+  const Share sh = share();
+  const int oh = L.out_h(s.h), ow = L.out_w(s.w), d = L.g_dim();
+  Device4<T> g("dy", sh.count, d, oh, ow);
+  auto h = Kokkos::create_mirror_view(g);
+  for (int b = 0; b < sh.count; ++b)
+    for (int c = 0; c < d; ++c)
+      for (int loc = 0; loc < oh * ow; ++loc)
+        h(b, c, loc / ow, loc % ow) =
+            static_cast<T>(ghat(step, l, ((static_cast<long long>(sh.first + b) * d + c) * oh * ow) + loc) / sh.count);
+  Kokkos::deep_copy(g, h);
+  return g;
+}
+
+template <class T>
+DeviceMatrixR<T> dense_input(const Layer& L, int step, int l) {
+  const Share sh = share();
+  return kdist_test::device_matrix<T, Kokkos::LayoutRight>(
+      "x", sh.count, L.inputs(), [&](int r, int j) { return value(step, l, 0, (sh.first + r) * L.inputs() + j); });
+}
+template <class T>
+DeviceMatrixR<T> dense_output_grad(const Layer& L, int step, int l) {
+  const Share sh = share();
+  return kdist_test::device_matrix<T, Kokkos::LayoutRight>("dy", sh.count, L.g_dim(), [&](int r, int j) {
+    return ghat(step, l, static_cast<long long>(sh.first + r) * L.g_dim() + j) / sh.count;
+  });
+}
+
+template <class T>
+using Grad = typename Preconditioner<T, TestMem>::Gradient;
+
+template <class T>
+std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step) {
+  std::vector<Grad<T>> g;
+  for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+    const Layer& L = layers[static_cast<std::size_t>(l)];
+    Grad<T> x;
+    x.weight = kdist_test::device_matrix<T, Kokkos::LayoutRight>(
+        "dW", L.outputs(), L.inputs(), [&](int i, int j) { return grad_value(step, l, i, j); });
+    if (L.bias())
+      x.bias = kdist_test::device_vector<T>("db", [&] {
+        std::vector<T> v;
+        for (int i = 0; i < L.outputs(); ++i) v.push_back(static_cast<T>(grad_value(step, l, i, 99)));
+        return v;
+      }());
+    g.push_back(x);
+  }
+  return g;
+}
+
+template <class T>
+void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int step) {
+  TestExec exec;
+  const int L = static_cast<int>(layers.size());
+  for (int l = 0; l < L; ++l) {
+    if (layers[static_cast<std::size_t>(l)].kind() == LayerKind::dense)
+      kfac.on_forward(exec, l, dense_input<T>(layers[static_cast<std::size_t>(l)], step, l));
+    else
+      kfac.on_forward(exec, l, conv_input<T>(layers[static_cast<std::size_t>(l)], step, l));
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    if (layers[static_cast<std::size_t>(l)].kind() == LayerKind::dense)
+      kfac.on_backward(exec, l, dense_output_grad<T>(layers[static_cast<std::size_t>(l)], step, l));
+    else
+      kfac.on_backward(exec, l, conv_output_grad<T>(layers[static_cast<std::size_t>(l)], step, l));
+  }
+}
+
+// Flattened [dW | db] per layer after each step.
+template <class T>
+std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
+                                       int steps) {
+  std::vector<std::vector<double>> out;
+  for (int s = first; s < first + steps; ++s) {
+    run_hooks(kfac, layers, s);
+    auto g = gradients<T>(layers, s);
+    kfac.step(TestExec(), g);
+    std::vector<double> flat;
+    for (const auto& x : g) {
+      const auto w = kdist_test::to_host(x.weight);
+      for (std::size_t i = 0; i < w.extent(0); ++i)
+        for (std::size_t j = 0; j < w.extent(1); ++j) flat.push_back(w(i, j));
+      const auto b = kdist_test::to_host(x.bias);
+      for (std::size_t i = 0; i < b.extent(0); ++i) flat.push_back(b(i));
+    }
+    out.push_back(flat);
+  }
+  return out;
+}
+
+// The reference: the same steps, densely in double.
+inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps) {
+  const int L = static_cast<int>(layers.size());
+  std::vector<Mat> A, G, Ainv, Ginv;
+  for (const Layer& l : layers) {
+    A.push_back(identity(l.a_dim()));
+    G.push_back(identity(l.g_dim()));
+  }
+  Ainv = A;
+  Ginv = G;
+  std::vector<std::vector<double>> out;
+  for (int s = 0; s < steps; ++s) {
+    if (s % o.factor_every == 0)
+      for (int l = 0; l < L; ++l) {
+        const Mat a = reference_a(layers[l], s, l), g = reference_g(layers[l], s, l);
+        for (std::size_t i = 0; i < a.size(); ++i)
+          for (std::size_t j = 0; j < a.size(); ++j)
+            A[l][i][j] = o.factor_decay * A[l][i][j] + (1 - o.factor_decay) * a[i][j];
+        for (std::size_t i = 0; i < g.size(); ++i)
+          for (std::size_t j = 0; j < g.size(); ++j)
+            G[l][i][j] = o.factor_decay * G[l][i][j] + (1 - o.factor_decay) * g[i][j];
+      }
+    if (s % o.inverse_every == 0)
+      for (int l = 0; l < L; ++l) {
+        Mat a = A[l], g = G[l];
+        for (std::size_t i = 0; i < a.size(); ++i) a[i][i] += o.damping;
+        for (std::size_t i = 0; i < g.size(); ++i) g[i][i] += o.damping;
+        Ainv[l] = inverse(a);
+        Ginv[l] = inverse(g);
+      }
+    std::vector<Mat> V;
+    double dot = 0;
+    for (int l = 0; l < L; ++l) {
+      const Layer& Ly = layers[l];
+      Mat X = zeros(Ly.outputs(), Ly.a_dim());
+      for (int i = 0; i < Ly.outputs(); ++i) {
+        for (int j = 0; j < Ly.inputs(); ++j) X[i][j] = grad_value(s, l, i, j);
+        if (Ly.bias()) X[i][Ly.inputs()] = grad_value(s, l, i, 99);
+      }
+      V.push_back(matmul(matmul(Ginv[l], X), Ainv[l]));
+      for (int i = 0; i < Ly.outputs(); ++i)
+        for (int j = 0; j < Ly.a_dim(); ++j) dot += V[l][i][j] * X[i][j];
+    }
+    const double sv = std::abs(dot) * o.lr * o.lr;
+    const double nu = o.kl_clip > 0 && sv > 0 ? std::min(1.0, std::sqrt(o.kl_clip / sv)) : 1.0;
+    std::vector<double> flat;
+    for (int l = 0; l < L; ++l) {
+      const Layer& Ly = layers[l];
+      for (int i = 0; i < Ly.outputs(); ++i)
+        for (int j = 0; j < Ly.inputs(); ++j) flat.push_back(nu * V[l][i][j]);
+      if (Ly.bias())
+        for (int i = 0; i < Ly.outputs(); ++i) flat.push_back(nu * V[l][i][Ly.inputs()]);
+    }
+    out.push_back(flat);
+  }
+  return out;
+}
+
+inline double max_relative(const std::vector<double>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+inline Options base_options() {
+  Options o;
+  o.damping = 0.05;
+  o.factor_decay = 0.8;
+  o.kl_clip = 0.0;
+  o.profile_steps = 1;
+  return o;
+}
+
+}  // namespace kfac_test
