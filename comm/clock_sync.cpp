@@ -1,5 +1,7 @@
+// comm/clock_sync.hpp: rank 0 answers each rank in turn, one outstanding exchange at a time,
+// which keeps round trips short; every other rank keeps its samples and estimates its offset from
+// the best of them (core/timer.hpp, estimate_clock_offset).
 #include <kdist/comm/clock_sync.hpp>
-#include <kdist/comm/communicator.hpp>
 #include <kdist/core/error.hpp>
 #include <kdist/core/phase.hpp>
 
@@ -9,49 +11,36 @@
 namespace kdist {
 namespace comm {
 
-using impl::check_mpi;
-
-ClockOffset synchronize_clock(MPI_Comm user_comm, Clock& clock, int rounds) {
+ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds) {
   if (rounds < 1)
     kdist::impl::throw_invalid("kdist::comm::synchronize_clock", "rounds must be >= 1, got " + std::to_string(rounds));
   Phase phase("kdist::comm::synchronize_clock");
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = -1, size = 1;
-  check_mpi(MPI_Comm_rank(user_comm, &rank), "MPI_Comm_rank", rank);
-  check_mpi(MPI_Comm_dup(user_comm, &comm), "MPI_Comm_dup", rank);
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size", rank);
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  Kokkos::View<double*, Kokkos::HostSpace> out("kdist::comm::clock ping", 1), in("kdist::comm::clock pong", 1);
+  const Host host;
+  constexpr int tag = 7;
   ClockOffset result;
-  try {
-    constexpr int tag = 7;
-    if (rank == 0) {
-      // Answer each rank in turn: one outstanding exchange at a time keeps round trips short.
-      for (int peer = 1; peer < size; ++peer) {
-        for (int r = 0; r < rounds; ++r) {
-          double ping = 0.0;
-          check_mpi(MPI_Recv(&ping, 1, MPI_DOUBLE, peer, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv", rank);
-          const double t = Clock::local_now();
-          check_mpi(MPI_Send(&t, 1, MPI_DOUBLE, peer, tag, comm), "MPI_Send", rank);
-        }
-      }
-    } else {
-      std::vector<ClockSample> samples;
-      samples.reserve(static_cast<std::size_t>(rounds));
+  if (engine.rank() == 0) {
+    for (int peer = 1; peer < engine.size(); ++peer)
       for (int r = 0; r < rounds; ++r) {
-        ClockSample s{};
-        s.t_send = Clock::local_now();
-        check_mpi(MPI_Send(&s.t_send, 1, MPI_DOUBLE, 0, tag, comm), "MPI_Send", rank);
-        check_mpi(MPI_Recv(&s.t_remote, 1, MPI_DOUBLE, 0, tag, comm, MPI_STATUS_IGNORE), "MPI_Recv", rank);
-        s.t_recv = Clock::local_now();
-        samples.push_back(s);
+        engine.recv(host, in, peer, tag, "clock ping").wait();
+        out(0) = Clock::local_now();
+        engine.send(host, out, peer, tag, "clock pong").wait();
       }
-      result = estimate_clock_offset(samples);
+  } else {
+    std::vector<ClockSample> samples;
+    samples.reserve(static_cast<std::size_t>(rounds));
+    for (int r = 0; r < rounds; ++r) {
+      ClockSample s{};
+      out(0) = s.t_send = Clock::local_now();
+      engine.send(host, out, 0, tag, "clock ping").wait();
+      engine.recv(host, in, 0, tag, "clock pong").wait();
+      s.t_recv = Clock::local_now();
+      s.t_remote = in(0);
+      samples.push_back(s);
     }
-  } catch (...) {
-    MPI_Comm_free(&comm);
-    throw;
+    result = estimate_clock_offset(samples);
   }
-  MPI_Comm_free(&comm);
   clock.set_offset(result.offset);
   return result;
 }

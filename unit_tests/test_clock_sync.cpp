@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <catch2/catch.hpp>
 #include <kdist/comm/clock_sync.hpp>
+#include <kdist/comm/communicator.hpp>
 #include <kdist/core/timeline.hpp>
 
 #include <nlohmann/json.hpp>
@@ -13,7 +14,8 @@ TEST_CASE("synchronize_clock: offset to rank 0 within its bound", "[comm][clock]
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   kdist::Clock clock;
-  const kdist::ClockOffset off = kdist::comm::synchronize_clock(MPI_COMM_WORLD, clock, 8);
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  const kdist::ClockOffset off = kdist::comm::synchronize_clock(engine, clock, 8);
   if (rank == 0) {
     CHECK(off.offset == 0.0);
     CHECK(off.uncertainty == 0.0);
@@ -30,7 +32,8 @@ TEST_CASE("per-rank timelines merge into one trace with a process per rank", "[c
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   kdist::Clock clock;
-  kdist::comm::synchronize_clock(MPI_COMM_WORLD, clock, 4);
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  kdist::comm::synchronize_clock(engine, clock, 4);
   kdist::Timeline tl(rank, &clock);
   tl.enable();
   const int t = tl.track("compute");
