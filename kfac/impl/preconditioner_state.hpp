@@ -45,9 +45,10 @@ void Preconditioner<T, M>::save(const std::string& path) {
   if (engine_.rank() == 0) {
     try {
       std::string payload;
-      for (const Matrix FactorSlot::*which : {&FactorSlot::running, &FactorSlot::inverse})
+      for (const bool inverses : {false, true})  // the running factors, then the inverses
         for (const FactorSlot& slot : factor_slots_) {
-          const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), slot.*which);
+          const auto host =
+              Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), inverses ? slot.inverse : slot.running);
           payload.append(reinterpret_cast<const char*>(host.data()), host.span() * sizeof(T));
         }
       write_file_atomically(path, encode_state(header(), payload), "kdist::kfac::Preconditioner::save");
@@ -85,12 +86,13 @@ void Preconditioner<T, M>::load(const std::string& path) {
                 std::to_string(engine_.rank()) + " read it)");
   }
   std::size_t offset = 0;
-  for (Matrix FactorSlot::*which : {&FactorSlot::running, &FactorSlot::inverse})
+  for (const bool inverses : {false, true})  // the running factors, then the inverses
     for (FactorSlot& slot : factor_slots_) {
-      auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), slot.*which);
+      const Matrix& F = inverses ? slot.inverse : slot.running;
+      auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), F);
       std::copy_n(payload.data() + offset, host.span() * sizeof(T), reinterpret_cast<char*>(host.data()));
       offset += host.span() * sizeof(T);
-      Kokkos::deep_copy(slot.*which, host);
+      Kokkos::deep_copy(F, host);
     }
   step_ = saved.step;
   factor_steps_ = saved.factor_steps;
