@@ -4,8 +4,10 @@
 #   check_job.sh repeat  JOB MPIEXEC COMPARE   same seed twice: bit-identical parameters
 #   check_job.sh resume  JOB MPIEXEC COMPARE   checkpoint + resume == uninterrupted, bit for bit
 #   check_job.sh ranks   JOB MPIEXEC COMPARE   1 rank x batch 2b == 2 ranks x batch b (SGD, average)
-#   check_job.sh workers JOB MPIEXEC COMPARE   K simulated workers per rank == K times the ranks
-#                                              (SGD; averaging, and Adasum with per-worker momentum)
+#   check_job.sh workers JOB MPIEXEC COMPARE WORKERS
+#                        the workers study (WORKERS: fashion_mnist_workers) at K workers per rank
+#                        == the main job at K times the ranks (SGD; averaging, and Adasum with
+#                        per-worker momentum)
 set -euo pipefail
 mode=$1 job=$2 mpiexec=$3 compare=$4
 shift 4
@@ -18,6 +20,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1
 run() { local np=$1; shift; "$mpiexec" -n "$np" "$job" --quiet --seed 3 "$@"; }
+study() { local np=$1; shift; "$mpiexec" -n "$np" "$workers_job" --quiet --seed 3 "$@"; }
 case "$mode" in
   loss)
     optimizer=$1 reduce=$2 max_loss=$3
@@ -43,12 +46,13 @@ case "$mode" in
     "$compare" "$work/one.bin" "$work/two.bin" 1e-4
     ;;
   workers)
-    run 1 --optimizer sgd --batch 32 --workers-per-rank 2 --epochs 1 --limit-batches 30 --save-model "$work/a1.bin"
+    workers_job=$1
+    study 1 --batch 32 --workers-per-rank 2 --epochs 1 --limit-batches 30 --save-model "$work/a1.bin"
     run 2 --optimizer sgd --batch 32 --epochs 1 --limit-batches 30 --save-model "$work/a2.bin"
     "$compare" "$work/a1.bin" "$work/a2.bin" 1e-6
-    adasum=(--optimizer sgd --reduce adasum --batch 16 --epochs 1 --limit-batches 30)
-    run 2 "${adasum[@]}" --workers-per-rank 2 --save-model "$work/d1.bin"
-    run 4 "${adasum[@]}" --save-model "$work/d2.bin"
+    adasum=(--reduce adasum --batch 16 --epochs 1 --limit-batches 30)
+    study 2 "${adasum[@]}" --workers-per-rank 2 --save-model "$work/d1.bin"
+    run 4 --optimizer sgd "${adasum[@]}" --save-model "$work/d2.bin"
     "$compare" "$work/d1.bin" "$work/d2.bin" 1e-4
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;

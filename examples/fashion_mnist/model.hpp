@@ -1,13 +1,18 @@
-// The two Fashion-MNIST models of the main job, built from nn/ reference layers:
-//   mlp: 784-256-128-10 with ReLU (the dataset benchmark's MLP 256-128-100 row)
+// The two Fashion-MNIST models of the main job, built from nn/ reference layers, for images of
+// rows x cols pixels and `classes` classes (the data set's: 28 x 28 and 10):
+//   mlp: (rows*cols)-256-128-classes with ReLU (the dataset benchmark's MLP 256-128-100 row)
 //   cnn: Conv2d(1,16,5x5,pad 2) ReLU MaxPool2 -> Conv2d(16,32,5x5,pad 2) ReLU MaxPool2 ->
-//        Flatten -> Dense(1568,128) ReLU -> Dense(128,10)   (its "2 Conv + pooling" row)
-// forward() takes a batch of normalised images (B x 784) and returns the logits; backward()
-// takes the loss gradient. attach() hands every weight layer its K-FAC index, so the layers call
-// the preconditioner's hooks themselves. Intermediate tensors are reallocated only when the batch
+//        Flatten -> Dense(32*(rows/4)*(cols/4),128) ReLU -> Dense(128,classes)   (its "2 Conv +
+//        pooling" row; 1568-128 at 28 x 28)
+// The layer widths are written here once; every other size (inputs(), classes(), the tensors
+// between layers) follows from them and the image shape. forward() takes a batch of normalised
+// images (B x inputs()) and returns the logits (B x classes()); backward() takes the loss
+// gradient. attach() hands every weight layer its K-FAC index, so the layers call the
+// preconditioner's hooks themselves. Intermediate tensors are reallocated only when the batch
 // size changes (the last, partial batch of an epoch).
 #pragma once
 
+#include <kdist/core/error.hpp>
 #include <kdist/nn/activations.hpp>
 #include <kdist/nn/conv2d.hpp>
 #include <kdist/nn/dense.hpp>
@@ -21,6 +26,8 @@ namespace fmnist {
 
 using namespace kdist;
 
+enum class ModelKind { mlp, cnn };
+
 template <class T, class Mem>
 class Model {
  public:
@@ -31,17 +38,23 @@ class Model {
   using C4 = nn::ConstTensor4<T, Mem>;
   using Gradient = typename kfac::Preconditioner<T, Mem>::Gradient;
 
-  Model(const std::string& kind, std::uint64_t seed) : cnn_(kind == "cnn") {
+  Model(ModelKind kind, int rows, int cols, int classes, std::uint64_t seed)
+      : cnn_(kind == ModelKind::cnn), rows_(rows), cols_(cols) {
+    int features = rows * cols;
     if (cnn_) {
-      conv_.emplace_back(1, 16, 5, 5, 1, 2, true);
-      conv_.emplace_back(16, 32, 5, 5, 1, 2, true);
-      dense_.emplace_back(32 * 7 * 7, 128, true);
-      dense_.emplace_back(128, 10, true);
-    } else {
-      dense_.emplace_back(784, 256, true);
-      dense_.emplace_back(256, 128, true);
-      dense_.emplace_back(128, 10, true);
+      int channels = 1, height = rows, width = cols;
+      for (const int out : {16, 32}) {  // 5x5, pad 2: the image size stays; the 2x2 pool halves it
+        conv_.emplace_back(channels, out, 5, 5, 1, 2, true);
+        stages_.push_back({out, height, width});
+        channels = out, height /= 2, width /= 2;
+      }
+      features = channels * height * width;
     }
+    for (const int width : cnn_ ? std::vector<int>{128} : std::vector<int>{256, 128}) {
+      dense_.emplace_back(features, width, true);
+      features = width;
+    }
+    dense_.emplace_back(features, classes, true);
     execution_space exec;
     std::uint64_t s = seed;
     for (auto& c : conv_) nn::he_normal(exec, c.weight(), c.kfac_layer().inputs(), s++);
@@ -49,6 +62,9 @@ class Model {
     relu_.resize(conv_.size() + dense_.size() - 1);
     pool_.assign(conv_.size(), nn::MaxPool2d<T, Mem>(2));
   }
+
+  int inputs() const { return rows_ * cols_; }
+  int classes() const { return dense_.back().outputs(); }
 
   std::vector<kfac::Layer> kfac_layers() const {
     std::vector<kfac::Layer> l;
@@ -76,9 +92,12 @@ class Model {
 
   C2 forward(const execution_space& exec, const C2& x) {
     const int B = static_cast<int>(x.extent(0));
+    if (x.extent(1) != static_cast<std::size_t>(inputs()))
+      throw InvalidArgument("fmnist::Model::forward: " + std::to_string(x.extent(1)) +
+                            " features per image, the model takes " + std::to_string(inputs()));
     if (B != batch_) allocate(B);
     C2 h = x;
-    if (cnn_) h = conv_forward(exec, C4(x.data(), B, 1, 28, 28));
+    if (cnn_) h = conv_forward(exec, C4(x.data(), B, 1, rows_, cols_));
     for (std::size_t k = 0; k < dense_.size(); ++k) {
       dense_[k].forward(exec, h, z_[k]);
       if (k + 1 == dense_.size()) return z_[k];
@@ -122,13 +141,18 @@ class Model {
       da_.emplace_back("da", B, dense_[k].outputs());
     }
     if (!cnn_) return;
-    cz_ = {T4("c1", B, 16, 28, 28), T4("c2", B, 32, 14, 14)};
-    ca_ = {T4("r1", B, 16, 28, 28), T4("r2", B, 32, 14, 14)};
-    cp_ = {T4("p1", B, 16, 14, 14), T4("p2", B, 32, 7, 7)};
-    dcz_ = {T4("dc1", B, 16, 28, 28), T4("dc2", B, 32, 14, 14)};
-    dca_ = {T4("dr1", B, 16, 28, 28), T4("dr2", B, 32, 14, 14)};
-    dcp_ = {T4("dp1", B, 16, 14, 14), T4("dp2", B, 32, 7, 7)};
-    dflat_ = T2("dflat", B, 32 * 7 * 7);
+    for (auto* v : {&cz_, &ca_, &cp_, &dcz_, &dca_, &dcp_}) v->clear();
+    for (std::size_t k = 0; k < stages_.size(); ++k) {
+      const Stage& g = stages_[k];  // conv and ReLU at the stage's size, the pool's output at half of it
+      const std::string n = std::to_string(k + 1);
+      cz_.emplace_back("c" + n, B, g.channels, g.height, g.width);
+      ca_.emplace_back("r" + n, B, g.channels, g.height, g.width);
+      cp_.emplace_back("p" + n, B, g.channels, g.height / 2, g.width / 2);
+      dcz_.emplace_back("dc" + n, B, g.channels, g.height, g.width);
+      dca_.emplace_back("dr" + n, B, g.channels, g.height, g.width);
+      dcp_.emplace_back("dp" + n, B, g.channels, g.height / 2, g.width / 2);
+    }
+    dflat_ = T2("dflat", B, dense_.front().inputs());
   }
 
   C2 conv_forward(const execution_space& exec, const C4& x) {
@@ -156,8 +180,14 @@ class Model {
     }
   }
 
+  struct Stage {
+    int channels, height, width;  // a convolution's output
+  };
+
   bool cnn_;
+  int rows_, cols_;
   int batch_ = -1;
+  std::vector<Stage> stages_;
   std::vector<nn::Conv2d<T, Mem>> conv_;
   std::vector<nn::Dense<T, Mem>> dense_;
   std::vector<nn::ReLU<T, Mem>> relu_;

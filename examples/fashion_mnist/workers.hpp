@@ -1,7 +1,7 @@
-// Several workers on one rank (--workers-per-rank K): the Adasum-against-averaging study at more
-// workers than this machine has cores. P ranks x K workers behave as P*K workers: worker w of
-// rank r reads shard r*K + w of every global batch (nn::ShardedBatches over P*K shards, so the
-// batches are those of P*K real ranks).
+// Several workers on one rank (fashion_mnist_workers --workers-per-rank K, workers_study.cpp): the
+// Adasum-against-averaging study at more workers than this machine has cores. P ranks x K
+// workers behave as P*K workers: worker w of rank r reads shard r*K + w of every global batch
+// (nn::ShardedBatches over P*K shards, so the batches are those of P*K real ranks).
 //   average: sum_gradients() leaves on the rank the mean gradient over its K workers' samples,
 //            which the usual weighted all-reduce turns into the global batch's mean: synchronous
 //            SGD at P*K workers, one momentum.

@@ -1,0 +1,381 @@
+// The training loop of the main job (main.cpp) and of the workers study (workers_study.cpp):
+// distributed Fashion-MNIST training with SGD or K-FAC, gradients averaged or combined by Adasum.
+//
+// Per step, on every rank: its shard of the global batch (nn::ShardedBatches) -> forward (the
+// layers call the K-FAC hooks when --optimizer kfac) -> mean loss -> backward ->
+//   --reduce average: gradients scaled by (local samples x P / global samples) and averaged in
+//                     one fused all-reduce, so the update is the global batch's mean gradient;
+//                     then kfac.step (preconditions in place) and the SGD step;
+//   --reduce adasum:  each rank preconditions its own gradient and takes its local SGD step; the
+//                     parameter deltas are combined by Adasum (docs/architecture.md §3).
+// --lr-schedule cosine decays the rate to 0 over the run, per step. The model's input and output
+// sizes are the data set's (image rows x cols, kFashionMnistClasses).
+// A last global batch smaller than the worker count would leave a worker without samples: it is
+// skipped, and the job says how many samples that was.
+//
+// Trainer is the main job. A program that trains differently per step derives from it and
+// overrides step() (its shards: Settings::workers per rank, so the batches are cut into P x
+// workers shards) and apply_learning_rate(); run() and everything it prints and writes (lines,
+// CSV log, checkpoint, model, trace) stay the base's. run_program() is a whole main(): MPI and
+// Kokkos, the options (options.hpp), the data, Job(settings, data).describe() and run().
+#pragma once
+
+#include <kdist/adasum/delta_optimizer.hpp>
+#include <kdist/comm/fused_allreducer.hpp>
+#include <kdist/core/atomic_file.hpp>
+#include <kdist/kfac/preconditioner.hpp>
+#include <kdist/nn/batches.hpp>
+#include <kdist/nn/idx.hpp>
+#include <kdist/nn/loss.hpp>
+
+#include <mpi.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "model.hpp"
+#include "options.hpp"
+#include "progress.hpp"
+
+namespace fmnist {
+
+using T = float;
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+using Flat = Kokkos::View<T*, Mem>;
+
+inline double sum_over_ranks(double x) {
+  double y = 0;
+  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return y;
+}
+
+// One rank's batch copied to the device: rows of `images` and their labels.
+struct Batch {
+  nn::Tensor2<T, Mem> x;
+  Kokkos::View<int*, Mem> y;
+};
+inline Batch gather(const nn::Dataset& d, const std::vector<int>& idx) {
+  const std::size_t features = static_cast<std::size_t>(d.features());
+  Batch b{nn::Tensor2<T, Mem>("x", idx.size(), features), Kokkos::View<int*, Mem>("y", idx.size())};
+  auto hx = Kokkos::create_mirror_view(b.x);
+  auto hy = Kokkos::create_mirror_view(b.y);
+  for (std::size_t i = 0; i < idx.size(); ++i) {
+    std::copy_n(d.images.data() + static_cast<std::size_t>(idx[i]) * features, features, &hx(i, 0));
+    hy(i) = d.labels[static_cast<std::size_t>(idx[i])];
+  }
+  Kokkos::deep_copy(b.x, hx);
+  Kokkos::deep_copy(b.y, hy);
+  return b;
+}
+
+// A free function: nvcc takes no KOKKOS_LAMBDA inside a private member function.
+inline void scale_by(const Exec& exec, const Flat& g, T factor) {
+  Kokkos::parallel_for(
+      "scale_gradient", Kokkos::RangePolicy<Exec>(exec, 0, g.extent(0)),
+      KOKKOS_LAMBDA(const int j) { g(j) *= factor; });
+}
+
+class Trainer {
+ public:
+  Trainer(const Settings& s, const nn::FashionMnist& data)
+      : s_(s),
+        world_(MPI_COMM_WORLD),
+        model_(s.model, data.train.rows, data.train.cols, nn::kFashionMnistClasses, s.seed),
+        data_(data),
+        sgd_(model_.parameters(), s.lr, s.momentum, s.weight_decay),
+        grads_(world_),
+        timeline_(world_.rank()),
+        batches_(data.train.count, world_.size() * s.workers, s.batch, s.seed) {
+    timeline_.enable(!s.trace.empty());
+    if (s.optimizer == Optimizer::kfac) {
+      kfac::Options o;
+      o.strategy = s.strategy;
+      o.damping = s.damping;
+      o.factor_decay = s.factor_decay;
+      o.factor_every = s.factor_every;
+      o.inverse_every = s.inverse_every;
+      o.kl_clip = s.kl_clip;
+      o.split_preconditioning = !s.replicated_precondition;
+      o.lr = s.lr;
+      o.timeline = &timeline_;
+      kfac_ = std::make_unique<kfac::Preconditioner<T, Mem>>(world_, model_.kfac_layers(), o);
+      model_.attach(kfac_.get());
+    }
+    std::vector<Flat> params, grads;
+    std::vector<typename comm::FusedAllreducer<T, Mem>::Tensor> tensors;
+    for (const auto& p : model_.parameters()) {
+      params.push_back(p.value);
+      tensors.push_back({p.name, p.value.extent(0), false});
+      gradient_views_.push_back(Flat(const_cast<T*>(p.gradient.data()), p.gradient.extent(0)));
+    }
+    if (s.reduce == Reduce::adasum)
+      adasum_ = std::make_unique<adasum::DeltaOptimizer<T, Mem>>(grads_, params);
+    else
+      fused_ = std::make_unique<comm::FusedAllreducer<T, Mem>>(grads_, tensors);
+  }
+  virtual ~Trainer() = default;
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << program_name(s_.program) << ": " << name_of(kModelNames, s_.model) << ", "
+       << name_of(kOptimizerNames, s_.optimizer) << ", reduce " << name_of(kReduceNames, s_.reduce) << ", "
+       << world_.size() << " rank(s) x " << s_.workers << " worker(s) x batch " << s_.batch << ", lr " << s_.lr << " ("
+       << name_of(kScheduleNames, s_.schedule) << ")"
+       << ", momentum " << s_.momentum << ", seed " << s_.seed;
+    if (kfac_) os << "\n" << kfac_->describe();
+    return os.str();
+  }
+
+  void run();
+
+ protected:
+  struct EpochStats {
+    double loss = 0, samples = 0, correct = 0, seconds = 0, skipped = 0;
+  };
+  /// Global batch k: this rank's shard, then the update (global: the batch's sample count).
+  virtual void step(int k, int global, EpochStats& st) { reduce_and_update(train_on(k, world_.rank(), st), global); }
+  /// The schedule's rate `lr` into every optimizer.
+  virtual void apply_learning_rate(double lr) {
+    sgd_.set_learning_rate(lr);
+    if (kfac_) kfac_->set_learning_rate(lr);
+  }
+
+  /// Forward and backward of shard `shard` of global batch k; returns its sample count.
+  int train_on(int k, int shard, EpochStats& st) {
+    return forward_backward(gather(data_.train, batches_.indices(k, shard)), st);
+  }
+  /// --reduce average: the gradients averaged over the ranks (this rank's from `local` of the
+  /// `global` samples), preconditioned, and the SGD step. --reduce adasum: adasum_step().
+  void reduce_and_update(int local, int global);
+  /// --reduce adasum: `local_step` moves this rank's parameters; the ranks' deltas are combined.
+  void adasum_step(const std::function<void()>& local_step) {
+    Phase p("adasum step", &timeline_, "optimizer");
+    adasum_->step(Exec(), gradient_views_, local_step);
+  }
+
+  const Settings s_;
+  comm::Communicator world_;
+  Model<T, Mem> model_;
+  std::vector<Flat> gradient_views_;  // the parameters' gradients, writable
+
+ private:
+  int forward_backward(const Batch& b, EpochStats& st);
+  EpochStats epoch(int e, Progress& progress);
+  void set_learning_rate(double progress);
+  double test_accuracy();
+  void save(int next_epoch, const std::vector<std::string>& log_lines);
+
+  const nn::FashionMnist& data_;
+  nn::SGD<T, Mem> sgd_;
+  comm::Engine grads_;
+  Timeline timeline_;
+  nn::ShardedBatches batches_;
+  std::unique_ptr<kfac::Preconditioner<T, Mem>> kfac_;
+  std::unique_ptr<comm::FusedAllreducer<T, Mem>> fused_;
+  std::unique_ptr<adasum::DeltaOptimizer<T, Mem>> adasum_;
+  nn::SoftmaxCrossEntropy<T, Mem> loss_;
+  nn::Tensor2<T, Mem> dlogits_;
+};
+
+inline int Trainer::forward_backward(const Batch& b, EpochStats& st) {
+  Exec exec;
+  const int local = static_cast<int>(b.x.extent(0));
+  nn::ConstTensor2<T, Mem> logits;
+  {
+    Phase p("forward", &timeline_, "model");
+    logits = model_.forward(exec, b.x);
+    st.loss += loss_.forward(exec, logits, b.y) * local;
+    st.correct += loss_.correct(exec, logits, b.y);
+    st.samples += local;
+  }
+  Phase p("backward", &timeline_, "model");
+  if (dlogits_.extent(0) != static_cast<std::size_t>(local))
+    dlogits_ = nn::Tensor2<T, Mem>("dlogits", local, model_.classes());
+  loss_.backward(exec, dlogits_);
+  model_.backward(exec, dlogits_);
+  return local;
+}
+
+inline void Trainer::reduce_and_update(int local, int global) {
+  Exec exec;
+  auto grads = model_.gradients();
+  if (adasum_) {
+    adasum_step([&] {
+      if (kfac_) kfac_->step(exec, grads);
+      sgd_.step(exec);
+    });
+    return;
+  }
+  {
+    Phase p("gradient all-reduce", &timeline_, "communication");
+    // The global batch's mean gradient: each rank's mean weighted by its share of the samples.
+    const T scale = static_cast<T>(static_cast<double>(local) * world_.size() / global);
+    fused_->begin();
+    for (std::size_t i = 0; i < gradient_views_.size(); ++i) {
+      const Flat g = gradient_views_[i];
+      if (scale != T(1)) scale_by(exec, g, scale);
+      fused_->ready(exec, static_cast<int>(i), g);
+    }
+    fused_->wait(exec);
+  }
+  if (kfac_) kfac_->step(exec, grads);
+  Phase p("sgd", &timeline_, "optimizer");
+  sgd_.step(exec);
+}
+
+// The schedule's rate at `progress`, the fraction of all steps taken (from the epoch and step,
+// so a resumed run follows the same schedule).
+inline void Trainer::set_learning_rate(double progress) {
+  if (s_.schedule == Schedule::constant) return;
+  apply_learning_rate(s_.lr * 0.5 * (1 + std::cos(M_PI * progress)));
+}
+
+inline Trainer::EpochStats Trainer::epoch(int e, Progress& progress) {
+  EpochStats st;
+  batches_.set_epoch(e);
+  const double t0 = Clock::local_now();
+  int steps = batches_.batches();
+  if (s_.limit_batches > 0) steps = std::min(steps, s_.limit_batches);
+  for (int k = 0; k < steps; ++k) {
+    set_learning_rate((e + static_cast<double>(k) / steps) / s_.epochs);
+    const int global = batches_.global_size(k);
+    if (global < world_.size() * s_.workers) {  // some worker would have no sample
+      st.skipped += global;
+      continue;
+    }
+    step(k, global, st);
+    progress.update(k + 1, steps, st.samples * world_.size(), st.loss / st.samples, Clock::local_now() - t0);
+  }
+  Kokkos::fence();
+  st.seconds = Clock::local_now() - t0;
+  st.loss = sum_over_ranks(st.loss);
+  st.correct = sum_over_ranks(st.correct);
+  st.samples = sum_over_ranks(st.samples);
+  return st;
+}
+
+inline double Trainer::test_accuracy() {
+  Exec exec;
+  const int n = data_.test.count, P = world_.size(), r = world_.rank();
+  model_.attach(nullptr);  // evaluation is no training step: no K-FAC hooks
+  double correct = 0;
+  for (int first = r * n / P, end = (r + 1) * n / P; first < end; first += 1000) {
+    std::vector<int> idx;
+    for (int i = first; i < std::min(end, first + 1000); ++i) idx.push_back(i);
+    const Batch b = gather(data_.test, idx);
+    correct += loss_.correct(exec, model_.forward(exec, b.x), b.y);
+  }
+  model_.attach(kfac_.get());
+  return sum_over_ranks(correct) / n;
+}
+
+inline void Trainer::save(int next_epoch, const std::vector<std::string>& log_lines) {
+  if (s_.checkpoint.empty()) return;
+  save_checkpoint(s_.checkpoint, world_.rank(), next_epoch, model_.parameters(), sgd_, log_lines);
+  if (kfac_) kfac_->save(s_.checkpoint + ".kfac");
+}
+
+inline void Trainer::run() {
+  int first_epoch = 0;
+  std::vector<std::string> log_lines;
+  if (!s_.resume.empty()) {
+    first_epoch = load_checkpoint(s_.resume, model_.parameters(), sgd_, &log_lines);
+    if (kfac_) kfac_->load(s_.resume + ".kfac");
+  }
+  const bool root = world_.rank() == 0;
+  Progress progress(root && !s_.quiet && isatty(STDOUT_FILENO));
+  double total_seconds = 0, last_test = 0;
+  for (int e = first_epoch; e < s_.epochs; ++e) {
+    progress.start("epoch " + std::to_string(e + 1) + "/" + std::to_string(s_.epochs));
+    const EpochStats st = epoch(e, progress);
+    last_test = test_accuracy();
+    total_seconds += st.seconds;
+    const double ips = st.samples / st.seconds;
+    char line[256];
+    std::snprintf(line, sizeof line, "%d,%.6f,%.4f,%.4f,%.3f,%.0f", e + 1, st.loss / st.samples,
+                  st.correct / st.samples, last_test, st.seconds, ips);
+    log_lines.push_back(line);
+    progress.finish();
+    if (root && !s_.quiet)
+      std::printf(
+          "epoch %d/%d: loss %.4f, train %.2f %%, test %.2f %%, %.1f s, %.0f images/s%s\n", e + 1, s_.epochs,
+          st.loss / st.samples, 100 * st.correct / st.samples, 100 * last_test, st.seconds, ips,
+          st.skipped > 0
+              ? (", skipped the last " + std::to_string(int(st.skipped)) + " samples (fewer than ranks)").c_str()
+              : "");
+    std::fflush(stdout);
+    if (root && !s_.log.empty()) {
+      std::string csv = "epoch,loss,train_accuracy,test_accuracy,seconds,images_per_second\n";
+      for (const auto& l : log_lines) csv += l + "\n";
+      write_file_atomically(s_.log, csv, (std::string(program_name(s_.program)) + " --log").c_str());
+    }
+    save(e + 1, log_lines);
+  }
+  if (!s_.trace.empty()) write_trace(s_.trace, timeline_);
+  if (root && kfac_ && !s_.quiet) {
+    const kfac::Stats k = kfac_->stats();
+    std::printf(
+        "K-FAC on rank 0 (s): factors %.2f, factor all-reduce exposed %.2f, inverses %.2f, inverse broadcast "
+        "exposed %.2f, preconditioning %.2f\n",
+        k.factor_compute, k.factor_comm_exposed, k.inverse_compute, k.inverse_comm_exposed, k.precondition);
+  }
+  if (root && !s_.save_model.empty()) save_model(s_.save_model, model_.parameters());
+  if (root)
+    std::printf("test accuracy %.2f %% after %d epoch(s), %.1f s of training%s%s\n", 100 * last_test, s_.epochs,
+                total_seconds, s_.log.empty() ? "" : (", log " + s_.log).c_str(),
+                s_.trace.empty() ? "" : (", trace " + s_.trace).c_str());
+}
+
+/// A whole main(): Job is Trainer or derived from it; `title` heads --help. Returns the exit code.
+template <class Job>
+int run_program(int argc, char** argv, Program program, const char* title) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    CLI::App app{title};
+    Settings s;
+    // An option given twice takes the last value, so a wrapper's defaults (scripts/demo.sh) can be
+    // overridden by arguments appended after them.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_options(app, s, program);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    bool train = true;
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {  // --help, an unknown option or a bad value
+      train = false;
+      rc = rank == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
+      const std::string hint = moved_option_hint(program, argc, argv);
+      if (rank == 0 && !hint.empty()) std::fprintf(stderr, "%s\n", hint.c_str());
+    }
+    if (train) {
+      resolve_defaults(s);
+      try {
+        const nn::FashionMnist data = nn::load_fashion_mnist(s.data);
+        Job job(s, data);
+        if (rank == 0 && !s.quiet) std::printf("%s\n", job.describe().c_str());
+        job.run();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s (rank %d): %s\n", program_name(program), rank, e.what());
+        rc = 1;
+      }
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace fmnist
