@@ -1,7 +1,7 @@
 # The performance-portability suite at tiny sizes (so that it cannot rot) and P-bar's arithmetic:
 # kdist_portability --smoke writes its JSON (every row with a finite, positive efficiency), then
-# perf/pbar.py merges two hand-written platforms: efficiencies 0.5 and 1.0 give the harmonic mean
-# 0.667; a row one platform lacks gives 0; the same platform twice is refused.
+# perf/portability/pbar.py merges two hand-written platforms: efficiencies 0.5 and 1.0 give the
+# harmonic mean 0.667; a row one platform lacks gives 0; the same platform twice is refused.
 execute_process(COMMAND ${MPIEXEC} -n 1 ${EXE} --smoke --platform smoke --json ${DIR}/portability_smoke.json
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)

@@ -6,7 +6,7 @@
     perf/results/condense.py --extract STUDY.json NAME K      # run K (1-based) as the bench wrote it
 
 Each RUN.json is a benchmark's --json file ({"benchmark", "columns", "rows", "context"}, see
-perf/bench_table.hpp); the runs of one series must come from the same benchmark with the same
+perf/common/bench_table.hpp); the runs of one series must come from the same benchmark with the same
 columns and the same rows in the same order. A series keeps:
 - "files": the runs' original file names, in run order (run2 before run10);
 - "key": the leading columns that are equal in every run and hold no floating-point value (the

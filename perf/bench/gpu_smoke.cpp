@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "../core/impl/blas_host.hpp"
-#include "../core/impl/cusolver_backend.hpp"
-#include "../core/impl/lapack_host.hpp"
+#include "../../core/impl/blas_host.hpp"
+#include "../../core/impl/cusolver_backend.hpp"
+#include "../../core/impl/lapack_host.hpp"
 #if KDIST_COMPILE_CHECK_NCCL
-#include "../comm/impl/nccl_backend.hpp"
+#include "../../comm/impl/nccl_backend.hpp"
 #endif
 
 namespace cs = kdist::impl::cusolver;

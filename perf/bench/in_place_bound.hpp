@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_mpi.hpp"
+#include "common/bench_mpi.hpp"
 
 namespace kdist_bench {
 

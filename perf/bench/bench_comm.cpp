@@ -12,7 +12,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "bench_mpi.hpp"
+#include "common/bench_mpi.hpp"
+#include "common/mpi_main.hpp"
 
 namespace {
 
@@ -199,56 +200,41 @@ void part_fusion(int reps, int rows, kdist_bench::Table& table) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  {
-    Kokkos::ScopeGuard guard(argc, argv);
-    CLI::App app{"kdist communication benchmarks"};
-    std::string part = "allreduce", json;
-    int reps = 5, K = 8, rows = 256;
-    app.add_option("--part", part, "allreduce | overlap | fusion")
-        ->check(CLI::IsMember({"allreduce", "overlap", "fusion"}));
-    app.add_option("--reps", reps, "timed repeats (median reported)");
-    app.add_option("--inflight", K, "overlap: all-reduces in flight");
-    app.add_option("--rows", rows, "fusion: activation rows per factor in the compute model");
-    app.add_option("--json", json, "write the rows to this JSON file");
-    try {
-      app.parse(argc, argv);
-      int rank = 0, size = 1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      std::unique_ptr<kdist_bench::Table> table;
-      if (part == "allreduce")
-        table.reset(new kdist_bench::Table(
-            "bench_comm.allreduce", {"bytes", "MPI_Allreduce_s", "Iallreduce_wait_s", "engine_nocheck_s", "engine_s",
-                                     "engine/Iallreduce", "engine/MPI_Allreduce"}));
-      else if (part == "overlap")
-        table.reset(new kdist_bench::Table("bench_comm.overlap",
-                                           {"bytes", "inflight", "compute_s", "comm_s", "both_s", "hidden_frac",
-                                            "compute_slowdown", "done_before_wait", "both/(compute+comm)"}));
-      else
-        table.reset(new kdist_bench::Table(
-            "bench_comm.fusion", {"total_bytes", "plan", "groups", "exposed_s", "modelled_exposed_s", "lower_bound_s",
-                                  "scatter_s", "exposed/none"}));
-      table->set_print(rank == 0);
-      table->context("ranks", size);
-      table->context("consistency_check", part == "allreduce" ? "engine_s: on, engine_nocheck_s: off" : "on");
-      if (rank == 0) {
-        std::printf("# %s, %d ranks, medians of %d (max over ranks)\n", part.c_str(), size, reps);
-        table->print_header();
-      }
-      if (part == "allreduce") part_allreduce(reps, *table);
-      if (part == "overlap") part_overlap(reps, K, *table);
-      if (part == "fusion") part_fusion(reps, rows, *table);
-      if (rank == 0) table->write_json(json);
-    } catch (const CLI::ParseError& e) {
-      rc = app.exit(e);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "bench_comm: %s\n", e.what());
-      rc = 1;
+  CLI::App app{"kdist communication benchmarks"};
+  std::string part = "allreduce", json;
+  int reps = 5, K = 8, rows = 256;
+  app.add_option("--part", part, "allreduce | overlap | fusion")
+      ->check(CLI::IsMember({"allreduce", "overlap", "fusion"}));
+  app.add_option("--reps", reps, "timed repeats (median reported)");
+  app.add_option("--inflight", K, "overlap: all-reduces in flight");
+  app.add_option("--rows", rows, "fusion: activation rows per factor in the compute model");
+  app.add_option("--json", json, "write the rows to this JSON file");
+  return kdist_perf::mpi_main(argc, argv, app, "bench_comm", [&](int rank) {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::unique_ptr<kdist_bench::Table> table;
+    if (part == "allreduce")
+      table.reset(new kdist_bench::Table(
+          "bench_comm.allreduce", {"bytes", "MPI_Allreduce_s", "Iallreduce_wait_s", "engine_nocheck_s", "engine_s",
+                                   "engine/Iallreduce", "engine/MPI_Allreduce"}));
+    else if (part == "overlap")
+      table.reset(new kdist_bench::Table("bench_comm.overlap",
+                                         {"bytes", "inflight", "compute_s", "comm_s", "both_s", "hidden_frac",
+                                          "compute_slowdown", "done_before_wait", "both/(compute+comm)"}));
+    else
+      table.reset(new kdist_bench::Table(
+          "bench_comm.fusion", {"total_bytes", "plan", "groups", "exposed_s", "modelled_exposed_s", "lower_bound_s",
+                                "scatter_s", "exposed/none"}));
+    table->set_print(rank == 0);
+    table->context("ranks", size);
+    table->context("consistency_check", part == "allreduce" ? "engine_s: on, engine_nocheck_s: off" : "on");
+    if (rank == 0) {
+      std::printf("# %s, %d ranks, medians of %d (max over ranks)\n", part.c_str(), size, reps);
+      table->print_header();
     }
-  }
-  MPI_Finalize();
-  return rc;
+    if (part == "allreduce") part_allreduce(reps, *table);
+    if (part == "overlap") part_overlap(reps, K, *table);
+    if (part == "fusion") part_fusion(reps, rows, *table);
+    if (rank == 0) table->write_json(json);
+  });
 }

@@ -2,7 +2,7 @@
 // this platform can do, measured in the same run (the performance-portability suite).
 //
 // Limits (per process; under mpiexec every rank measures at once and rank 0 reports):
-//   copy_one, triad_one  STREAM-like copy / triad with this rank alone (perf/bandwidth.hpp) on
+//   copy_one, triad_one  STREAM-like copy / triad with this rank alone (perf/common/bandwidth.hpp) on
 //                        arrays past the last-level cache (--stream-bytes, 256 MiB)
 //   copy_all             copy with every rank at once (the per-rank share of the memory bus)
 //   gemm_float, gemm_double  kdist::gemm (Kokkos Kernels, BLAS TPL or cuBLAS) at d = --gemm-d
@@ -27,7 +27,7 @@
 // Sizes come from real models: the main job's MLP and CNN, and ResNet-50's factor dimensions.
 // Each figure is the median of --reps calls after one warm-up. One row per kernel and size:
 // time, achieved (GB/s or GFLOP/s), the limit, efficiency = achieved / limit; --json as every
-// bench, with the limits and the platform in its context (perf/pbar.py merges platforms).
+// bench, with the limits and the platform in its context (perf/portability/pbar.py merges platforms).
 // --smoke: tiny sizes, one repeat (ctest), so that the suite cannot rot.
 #include <CLI/CLI.hpp>
 #include <kdist/adasum/operator.hpp>
@@ -50,8 +50,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "bandwidth.hpp"
-#include "bench_mpi.hpp"
+#include "common/bandwidth.hpp"
+#include "common/bench_mpi.hpp"
+#include "common/mpi_main.hpp"
 
 namespace {
 
@@ -377,50 +378,34 @@ nlohmann::json communication_limits(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    CLI::App app{"kdist performance portability: every kernel as a share of this platform's measured limit"};
-    Settings s;
-    std::string calibration;
-    app.add_option("--reps", s.reps, "timed calls per figure (median)")->check(CLI::PositiveNumber);
-    app.add_option("--stream-bytes", s.stream_bytes, "bandwidth arrays, past the last-level cache");
-    app.add_option("--gemm-d", s.gemm_d, "gemm dimension of the compute limit")->check(CLI::PositiveNumber);
-    app.add_option("--platform", s.platform, "name of this platform in the JSON (perf/pbar.py's column)");
-    app.add_option("--calibration", calibration, "kdist_calibrate file: its all-reduce models join the limits");
-    app.add_flag("--smoke", s.smoke, "tiny sizes, one repeat (ctest)");
-    app.add_option("--json", s.json, "write the rows to this JSON file");
-    try {
-      app.parse(argc, argv);
-      if (s.smoke) {
-        s.reps = 1;
-        s.stream_bytes = 1u << 20;
-        s.gemm_d = 64;
-      }
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      kdist_bench::Table table("kdist_portability",
-                               {"kernel", "size", "seconds", "achieved", "unit", "limit", "limit_value", "efficiency"});
-      table.set_print(rank == 0);
-      table.context("platform", s.platform);
-      table.context("execution_space", Kokkos::DefaultExecutionSpace::name());
-      table.context("communication", communication_limits(calibration));
-      if (rank == 0) table.print_header();
-      nlohmann::json limits = nlohmann::json::object();
-      on_space<Kokkos::DefaultExecutionSpace>(s, table, rank, "", limits);
-      if (!std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value)
-        on_space<Kokkos::DefaultHostExecutionSpace>(s, table, rank, "@host", limits);
-      table.context("limits", limits);
-      if (rank == 0) table.write_json(s.json);
-    } catch (const CLI::ParseError& e) {
-      rc = app.exit(e);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "kdist_portability: %s\n", e.what());
-      rc = 1;
+  CLI::App app{"kdist performance portability: every kernel as a share of this platform's measured limit"};
+  Settings s;
+  std::string calibration;
+  app.add_option("--reps", s.reps, "timed calls per figure (median)")->check(CLI::PositiveNumber);
+  app.add_option("--stream-bytes", s.stream_bytes, "bandwidth arrays, past the last-level cache");
+  app.add_option("--gemm-d", s.gemm_d, "gemm dimension of the compute limit")->check(CLI::PositiveNumber);
+  app.add_option("--platform", s.platform, "name of this platform in the JSON (perf/portability/pbar.py's column)");
+  app.add_option("--calibration", calibration, "kdist_calibrate file: its all-reduce models join the limits");
+  app.add_flag("--smoke", s.smoke, "tiny sizes, one repeat (ctest)");
+  app.add_option("--json", s.json, "write the rows to this JSON file");
+  return kdist_perf::mpi_main(argc, argv, app, "kdist_portability", [&](int rank) {
+    if (s.smoke) {
+      s.reps = 1;
+      s.stream_bytes = 1u << 20;
+      s.gemm_d = 64;
     }
-  }
-  MPI_Finalize();
-  return rc;
+    kdist_bench::Table table("kdist_portability",
+                             {"kernel", "size", "seconds", "achieved", "unit", "limit", "limit_value", "efficiency"});
+    table.set_print(rank == 0);
+    table.context("platform", s.platform);
+    table.context("execution_space", Kokkos::DefaultExecutionSpace::name());
+    table.context("communication", communication_limits(calibration));
+    if (rank == 0) table.print_header();
+    nlohmann::json limits = nlohmann::json::object();
+    on_space<Kokkos::DefaultExecutionSpace>(s, table, rank, "", limits);
+    if (!std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>::value)
+      on_space<Kokkos::DefaultHostExecutionSpace>(s, table, rank, "@host", limits);
+    table.context("limits", limits);
+    if (rank == 0) table.write_json(s.json);
+  });
 }

@@ -34,8 +34,8 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
-#include "bench_table.hpp"
-#include "model/platform.hpp"
+#include "common/bench_table.hpp"
+#include "platform.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <random>
 
-#include "bench_table.hpp"
+#include "common/bench_table.hpp"
 
 namespace {
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pennycook's performance portability P-bar over platforms, from kdist_portability --json files.
 
-    perf/pbar.py PLATFORM.json [PLATFORM.json ...] [--json OUT]
+    perf/portability/pbar.py PLATFORM.json [PLATFORM.json ...] [--json OUT]
 
 For each kernel and size, the efficiency on each platform (achieved / that platform's measured
 limit, as kdist_portability reports it) and P-bar = the harmonic mean of the efficiencies over the

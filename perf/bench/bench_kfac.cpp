@@ -38,7 +38,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "bench_mpi.hpp"
+#include "common/bench_mpi.hpp"
+#include "common/mpi_main.hpp"
 #include "model/networks.hpp"
 
 namespace {
@@ -487,79 +488,57 @@ std::vector<Config> configs(const Settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    CLI::App app{"kdist: one K-FAC iteration of a scaled ResNet-50, Fig. 9 breakdown per strategy and ablation"};
-    Settings s;
-    app.add_option("--part", s.part, "strategies (spd, mpdkfac, dkfac), ablation, or all")
-        ->check(CLI::IsMember({"strategies", "ablation", "all"}))
-        ->capture_default_str();
-    app.add_option("--width", s.width, "divide every channel count by this")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--downscale", s.downscale, "input side 224 / this")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--batch", s.batch, "images per rank")->check(CLI::PositiveNumber)->capture_default_str();
-    app.add_option("--warmup", s.warmup, "iterations not counted")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    app.add_option("--iters", s.iters, "iterations measured")->check(CLI::PositiveNumber)->capture_default_str();
-    app.add_flag("--replicated-precondition", s.replicated_precondition, "every rank preconditions every layer");
-    app.add_option("--cost-models", s.cost_models,
-                   "kdist_calibrate output for the planners and LBP (default: the stated defaults)");
-    app.add_option("--json", s.json, "write the rows to this JSON file");
-    app.add_option("--profile", s.profile,
-                   "first write per-layer compute times to this JSON file (input of kdist_model)");
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      rc = rank == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
-      MPI_Finalize();
-      return rc;
+  CLI::App app{"kdist: one K-FAC iteration of a scaled ResNet-50, Fig. 9 breakdown per strategy and ablation"};
+  Settings s;
+  app.add_option("--part", s.part, "strategies (spd, mpdkfac, dkfac), ablation, or all")
+      ->check(CLI::IsMember({"strategies", "ablation", "all"}))
+      ->capture_default_str();
+  app.add_option("--width", s.width, "divide every channel count by this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--downscale", s.downscale, "input side 224 / this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch", s.batch, "images per rank")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", s.warmup, "iterations not counted")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--iters", s.iters, "iterations measured")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--replicated-precondition", s.replicated_precondition, "every rank preconditions every layer");
+  app.add_option("--cost-models", s.cost_models,
+                 "kdist_calibrate output for the planners and LBP (default: the stated defaults)");
+  app.add_option("--json", s.json, "write the rows to this JSON file");
+  app.add_option("--profile", s.profile,
+                 "first write per-layer compute times to this JSON file (input of kdist_model)");
+  return kdist_perf::mpi_main(argc, argv, app, "bench_kfac", [&](int rank) {
+    comm::Communicator world(MPI_COMM_WORLD);
+    Network net(s, world);
+    std::unique_ptr<Profile> profile;
+    if (!s.profile.empty()) {
+      check_file_writable(s.profile, "bench_kfac --profile");
+      profile = std::make_unique<Profile>(s, world, net);
     }
-    try {
-      comm::Communicator world(MPI_COMM_WORLD);
-      Network net(s, world);
-      std::unique_ptr<Profile> profile;
-      if (!s.profile.empty()) {
-        check_file_writable(s.profile, "bench_kfac --profile");
-        profile = std::make_unique<Profile>(s, world, net);
-      }
-      kdist_bench::Table table("bench_kfac", {"config", "fwd_bwd_ms", "grad_comm_ms", "factors_ms", "factor_comm_ms",
-                                              "inverses_ms", "inverse_comm_ms", "precond_ms", "total_ms", "vs_dkfac"});
-      table.set_print(rank == 0);
-      table.context("ranks", world.size());
-      table.context("network", "ResNet-50 convolutions + fc, channels / " + std::to_string(s.width) + ", input " +
-                                   std::to_string(224 / s.downscale) + "x" + std::to_string(224 / s.downscale));
-      table.context("batch_per_rank", s.batch);
-      table.context("iters", s.iters);
-      if (rank == 0)
-        std::printf(
-            "# bench_kfac: %d layers (ResNet-50 convs + fc, channels / %d, input %dx%d), batch %d per rank, "
-            "%d rank(s), k1 = k2 = 1, preconditioning %s; ms per iteration, medians of %d\n",
-            net.layers(), s.width, 224 / s.downscale, 224 / s.downscale, s.batch, world.size(),
-            s.replicated_precondition ? "on every rank" : "split", s.iters);
-      table.print_header();
-      const std::vector<Config> runs = configs(s);
-      const std::vector<Breakdown> results = measure(s, world, net, runs, profile.get());
-      if (profile && rank == 0) profile->write(s, world.size());
-      for (std::size_t c = 0; c < runs.size(); ++c) {
-        const Breakdown& b = results[c];
-        table.row({runs[c].name, b.fwd_bwd, b.grad_comm, b.factors, b.factor_comm, b.inverses, b.inverse_comm,
-                   b.precondition, b.total, b.total / results[0].total});
-      }
-      if (rank == 0) table.write_json(s.json);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "bench_kfac (rank %d): %s\n", rank, e.what());
-      rc = 1;
+    kdist_bench::Table table("bench_kfac", {"config", "fwd_bwd_ms", "grad_comm_ms", "factors_ms", "factor_comm_ms",
+                                            "inverses_ms", "inverse_comm_ms", "precond_ms", "total_ms", "vs_dkfac"});
+    table.set_print(rank == 0);
+    table.context("ranks", world.size());
+    table.context("network", "ResNet-50 convolutions + fc, channels / " + std::to_string(s.width) + ", input " +
+                                 std::to_string(224 / s.downscale) + "x" + std::to_string(224 / s.downscale));
+    table.context("batch_per_rank", s.batch);
+    table.context("iters", s.iters);
+    if (rank == 0)
+      std::printf(
+          "# bench_kfac: %d layers (ResNet-50 convs + fc, channels / %d, input %dx%d), batch %d per rank, "
+          "%d rank(s), k1 = k2 = 1, preconditioning %s; ms per iteration, medians of %d\n",
+          net.layers(), s.width, 224 / s.downscale, 224 / s.downscale, s.batch, world.size(),
+          s.replicated_precondition ? "on every rank" : "split", s.iters);
+    table.print_header();
+    const std::vector<Config> runs = configs(s);
+    const std::vector<Breakdown> results = measure(s, world, net, runs, profile.get());
+    if (profile && rank == 0) profile->write(s, world.size());
+    for (std::size_t c = 0; c < runs.size(); ++c) {
+      const Breakdown& b = results[c];
+      table.row({runs[c].name, b.fwd_bwd, b.grad_comm, b.factors, b.factor_comm, b.inverses, b.inverse_comm,
+                 b.precondition, b.total, b.total / results[0].total});
     }
-  }
-  MPI_Finalize();
-  return rc;
+    if (rank == 0) table.write_json(s.json);
+  });
 }

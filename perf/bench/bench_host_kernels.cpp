@@ -5,7 +5,7 @@
 // [a.b, a.a, b.b] on every instruction set this CPU runs (AVX-512 also with Locality::cache: four
 // blocks interleaved, as passes that fit in L2 take them), the apply pass (out = ca a + cb b,
 // written twice as the in-place push does) on the widest, and the baseline: s += a[i] + b[i]
-// over the same arrays (the pattern bound's read pass, perf/in_place_bound.hpp). Medians of
+// over the same arrays (the pattern bound's read pass, perf/bench/in_place_bound.hpp). Medians of
 // --reps repeats, each on arrays left in cache by the repeat before (up to 128 Ki pairs they fit
 // in a 1 MiB L2). The last column is the widest partial sums (Locality::memory) over the read:
 // what the arithmetic costs beyond moving the bytes.
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_table.hpp"
+#include "common/bench_table.hpp"
 #include "in_place_bound.hpp"
 
 namespace {
