@@ -31,9 +31,10 @@ int main(int argc, char** argv) {
     const int n = 32, in = 8, hidden = 16, out = 4, steps = 30;
     kfac::Options options;  // strategy spd: pipelined factors, optimal fusion, LBP placement
     options.damping = 0.01;
+    comm::Engine kfac_engine(world);  // K-FAC's own stream: factors never queue behind gradients
     kfac::Preconditioner<double, Kokkos::HostSpace> kfac(
-        world, {kfac::Dense(in, hidden), kfac::Dense(hidden, out, false)}, options);
-    comm::Engine grads(world);  // the caller's own gradient all-reduce, beside K-FAC's Engine
+        kfac_engine, {kfac::Dense(in, hidden), kfac::Dense(hidden, out, false)}, options);
+    comm::Engine grads(world);  // the caller's own gradient all-reduce
     if (world.rank() == 0) std::printf("%s\n", kfac.describe().c_str());
 
     std::mt19937 rng(7 + world.rank());

@@ -1,8 +1,9 @@
-// The K-FAC preconditioner (SPD-KFAC, MPD-KFAC, D-KFAC): hooks in the caller's training loop,
-// its own comm::Engine beside the caller's, and factors, fusion buffers and inverses in the
-// caller's memory space.
+// The K-FAC preconditioner (SPD-KFAC, MPD-KFAC, D-KFAC): hooks in the caller's training loop, a
+// borrowed comm::Engine (best one of its own, beside the caller's gradient Engine), and factors,
+// fusion buffers and inverses in the caller's memory space.
 //
-//   Preconditioner<float> kfac(world, {Dense(784, 256), Dense(256, 10)}, options);
+//   comm::Engine kfac_engine(world);
+//   Preconditioner<float> kfac(kfac_engine, {Dense(784, 256), Dense(256, 10)}, options);
 //   kfac.on_forward(exec, l, activations);   // layer l's input, before its forward; l = 0..L-1
 //   kfac.on_backward(exec, l, out_grads);    // layer l's output gradient (mean loss); l = L-1..0
 //   kfac.step(exec, grads);                  // grads[l] := preconditioned, KL-clipped, in place
@@ -81,7 +82,9 @@ class Preconditioner {
     Vector bias;
   };
 
-  Preconditioner(const comm::Communicator& comm, std::vector<Layer> layers, Options options = {});
+  /// `engine` is borrowed, as everywhere in kdist, and must outlive the Preconditioner; give it an
+  /// Engine of its own (its factor and inverse traffic is then a stream beside your gradients').
+  Preconditioner(comm::Engine& engine, std::vector<Layer> layers, Options options = {});
 
   template <class XView>
   void on_forward(const execution_space& exec, int layer, const XView& activations);
@@ -163,7 +166,7 @@ class Preconditioner {
   double phase_end(const execution_space& exec, double t0) const;
   StateHeader header() const;
 
-  comm::Engine engine_;
+  comm::Engine& engine_;
   Options options_;
   Resolved switches_;
   CostModelStore models_;

@@ -56,7 +56,8 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
   }
   for (const auto& v : variants) {
     INFO(v.name << " on " << world_size() << " ranks");
-    Preconditioner<double, TestMem> kfac(comm::Communicator(MPI_COMM_WORLD), layers, v.options);
+    comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, v.options);
     const auto got = train(kfac, layers, 0, steps);
     const auto want = reference(layers, v.options, steps);
     for (int s = 0; s < steps; ++s) {
@@ -70,7 +71,8 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
 TEST_CASE("kfac: float follows the double reference", "[kfac]") {
   const auto layers = network();
   const Options o = base_options();
-  Preconditioner<float, TestMem> kfac(comm::Communicator(MPI_COMM_WORLD), layers, o);
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<float, TestMem> kfac(kfac_engine, layers, o);
   const auto got = train(kfac, layers, 0, 2);
   const auto want = reference(layers, o, 2);
   for (int s = 0; s < 2; ++s) CHECK(max_relative(got[s], want[s]) < 1e-3);
@@ -81,7 +83,8 @@ TEST_CASE("kfac: at vanishing damping the update is the Kronecker-factored Fishe
   Options o = base_options();
   o.damping = 1e-10;
   o.factor_decay = 0;
-  Preconditioner<double, TestMem> kfac(comm::Communicator(MPI_COMM_WORLD), layers, o);
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
   const auto got = train(kfac, layers, 0, 1)[0];
   // F = A (x) G acting on vec(X) column-major: solve F vec(V) = vec(X) densely.
   const Mat A = reference_a(layers[0], 0, 0), G = reference_g(layers[0], 0, 0);

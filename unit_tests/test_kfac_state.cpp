@@ -18,21 +18,25 @@ TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
   o.kl_clip = 1e-3;
   o.inverse_every = 2;
   const std::string path = "test_kfac_state.bin";
-  Preconditioner<double, TestMem> straight(comm::Communicator(MPI_COMM_WORLD), layers, o);
+  comm::Engine straight_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> straight(straight_engine, layers, o);
   train(straight, layers, 0, 3);
   straight.save(path);
   const auto want = train(straight, layers, 3, 3);
-  Preconditioner<double, TestMem> resumed(comm::Communicator(MPI_COMM_WORLD), layers, o);
+  comm::Engine resumed_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> resumed(resumed_engine, layers, o);
   resumed.load(path);
   CHECK(resumed.steps() == 3);
   const auto got = train(resumed, layers, 3, 3);
   CHECK(got == want);
 
   // Another layer list, dtype or rank count: a clear error on every rank, nothing changed.
-  Preconditioner<double, TestMem> other(comm::Communicator(MPI_COMM_WORLD), {Dense(7, 4, true)}, o);
+  comm::Engine other_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> other(other_engine, {Dense(7, 4, true)}, o);
   CHECK_THROWS_WITH(other.load(path), Catch::Contains("layers"));
   CHECK(other.steps() == 0);
-  Preconditioner<float, TestMem> single(comm::Communicator(MPI_COMM_WORLD), layers, o);
+  comm::Engine single_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<float, TestMem> single(single_engine, layers, o);
   CHECK_THROWS_WITH(single.load(path), Catch::Contains("float32"));
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(path.c_str());
@@ -40,7 +44,8 @@ TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
 
 TEST_CASE("kfac: a failed save leaves the previous file intact", "[kfac]") {
   const auto layers = network();
-  Preconditioner<double, TestMem> kfac(comm::Communicator(MPI_COMM_WORLD), layers, base_options());
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
   CHECK_THROWS_AS(kfac.save("/nonexistent-dir/state.bin"), Error);
   train(kfac, layers, 0, 1);  // still usable: the save failed before anything collective broke
 }
@@ -56,41 +61,51 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
              [](Options& o) { o.inverse_every = 0; }}) {
       Options o = base_options();
       bad(o);
-      auto make = [&](const Options& x) { Preconditioner<double, TestMem> k(world, layers, x); };
+      auto make = [&](const Options& x) {
+        comm::Engine k_engine{world};
+        Preconditioner<double, TestMem> k(k_engine, layers, x);
+      };
       CHECK_THROWS_AS(make(o), InvalidArgument);
     }
   }
   SECTION("unknown layer") {
-    Preconditioner<double, TestMem> kfac(world, layers, base_options());
+    comm::Engine kfac_engine{world};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
     CHECK_THROWS_WITH(kfac.on_forward(exec, 3, dense_input<double>(layers[1], 0, 1)), Catch::Contains("layer 3"));
   }
   // A rank that fails first tells the others, which may then raise RemoteError carrying its
   // message before they reach the same check themselves: either way the message is there.
   SECTION("hooks out of order, twice, and step too early") {
-    Preconditioner<double, TestMem> a(world, layers, base_options());
+    comm::Engine a_engine{world};
+    Preconditioner<double, TestMem> a(a_engine, layers, base_options());
     CHECK_THROWS_WITH(a.on_forward(exec, 1, dense_input<double>(layers[1], 0, 1)), Catch::Contains("out of order"));
-    Preconditioner<double, TestMem> b(world, layers, base_options());
+    comm::Engine b_engine{world};
+    Preconditioner<double, TestMem> b(b_engine, layers, base_options());
     CHECK_THROWS_WITH(
         [&] {
           b.on_forward(exec, 0, conv_input<double>(layers[0], 0, 0));
           b.on_forward(exec, 0, conv_input<double>(layers[0], 0, 0));
         }(),
         Catch::Contains("out of order"));
-    Preconditioner<double, TestMem> c(world, layers, base_options());
+    comm::Engine c_engine{world};
+    Preconditioner<double, TestMem> c(c_engine, layers, base_options());
     auto g = gradients<double>(layers, 0);
     CHECK_THROWS_WITH(c.step(exec, g), Catch::Contains("before every layer's hooks"));
   }
   SECTION("wrong extents and kinds") {
-    Preconditioner<double, TestMem> a(world, layers, base_options());
+    comm::Engine a_engine{world};
+    Preconditioner<double, TestMem> a(a_engine, layers, base_options());
     CHECK_THROWS_WITH(
         [&] {
           a.on_forward(exec, 0, conv_input<double>(layers[0], 0, 0));
           a.on_forward(exec, 1, dense_input<double>(layers[2], 0, 2));
         }(),
         Catch::Contains("Dense(7, 4"));
-    Preconditioner<double, TestMem> b(world, layers, base_options());
+    comm::Engine b_engine{world};
+    Preconditioner<double, TestMem> b(b_engine, layers, base_options());
     CHECK_THROWS_WITH(b.on_forward(exec, 0, dense_input<double>(layers[1], 0, 1)), Catch::Contains("rank 4"));
-    Preconditioner<double, TestMem> c(world, layers, base_options());
+    comm::Engine c_engine{world};
+    Preconditioner<double, TestMem> c(c_engine, layers, base_options());
     CHECK_THROWS_WITH(
         [&] {
           run_hooks(c, layers, 0);
@@ -104,7 +119,8 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     if (world_size() > 1) {
       const bool odd = world_rank() == 1;
       const std::vector<Layer> mine = {Dense(7, 4, true), Dense(4, odd ? 2 : 3, false)};
-      Preconditioner<double, TestMem> kfac(world, mine, base_options());
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, mine, base_options());
       CHECK_THROWS_AS(train(kfac, mine, 0, 1), Error);
     }
   }
@@ -114,7 +130,8 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       // and rank 1's next operation (the next step's factor reduction) meets it.
       Options o = base_options();
       o.split_preconditioning = world_rank() != 1;
-      Preconditioner<double, TestMem> kfac(world, layers, o);
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
       CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
     }
   }
@@ -124,12 +141,14 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       // the channel, which with the default models inverts these small factors everywhere.
       Options o = base_options();
       o.placement = world_rank() == 1 ? PlacementKind::sequential : PlacementKind::channel;
-      Preconditioner<double, TestMem> kfac(world, layers, o);
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
       CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
     }
   }
   SECTION("NaN in one rank's activations: that rank names it, the others hear it") {
-    Preconditioner<double, TestMem> kfac(world, layers, base_options());
+    comm::Engine kfac_engine{world};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
     const bool poisoned = world_rank() == world_size() - 1;
     auto run = [&] {
       kfac.on_forward(exec, 0, conv_input<double>(layers[0], 0, 0));
@@ -153,7 +172,8 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     Options o = base_options();
     const std::string path = "test_kfac_bad_state.bin";
     {
-      Preconditioner<double, TestMem> kfac(world, layers, o);
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
       kfac.save(path);
     }
     if (world_rank() == 0) {
@@ -171,7 +191,8 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       }
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    Preconditioner<double, TestMem> kfac(world, layers, o);
+    comm::Engine kfac_engine{world};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
     kfac.load(path);
     // Step 0 updates the factors: the corrupted G2 is blended (decay 0.8) into -8 I + 0.2 G_new,
     // still not SPD after damping 0.05.

@@ -445,8 +445,8 @@ TEST_CASE("nn: Dense and Conv2d attached to a Preconditioner call its hooks in o
   nn::he_init(exec, dense, 2);
   kfac::Options options;
   options.damping = 0.01;
-  kfac::Preconditioner<double, TestMem> kfac(comm::Communicator(MPI_COMM_WORLD),
-                                             {conv.kfac_layer(), dense.kfac_layer()}, options);
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  kfac::Preconditioner<double, TestMem> kfac(kfac_engine, {conv.kfac_layer(), dense.kfac_layer()}, options);
   conv.attach(&kfac, 0);
   dense.attach(&kfac, 1);
   CHECK(conv.attached() == &kfac);
@@ -492,7 +492,8 @@ TEST_CASE("nn: hooks out of order raise the preconditioner's error", "[nn][leaks
   const comm::Communicator world(MPI_COMM_WORLD);
   nn::Flatten<double, TestMem> flatten;
   SECTION("a second forward without step") {
-    kfac::Preconditioner<double, TestMem> kfac(world, {conv.kfac_layer(), dense.kfac_layer()});
+    comm::Engine kfac_engine{world};
+    kfac::Preconditioner<double, TestMem> kfac(kfac_engine, {conv.kfac_layer(), dense.kfac_layer()});
     conv.attach(&kfac, 0);
     dense.attach(&kfac, 1);
     conv.forward(exec, x, c);
@@ -502,7 +503,8 @@ TEST_CASE("nn: hooks out of order raise the preconditioner's error", "[nn][leaks
     CHECK_THROWS_WITH(conv.forward(exec, x, c), Catch::Contains("out of order"));
   }
   SECTION("layers attached under swapped indices") {
-    kfac::Preconditioner<double, TestMem> kfac(world, {conv.kfac_layer(), dense.kfac_layer()});
+    comm::Engine kfac_engine{world};
+    kfac::Preconditioner<double, TestMem> kfac(kfac_engine, {conv.kfac_layer(), dense.kfac_layer()});
     conv.attach(&kfac, 1);
     CHECK_THROWS_WITH(conv.forward(exec, x, c), Catch::Contains("out of order"));
   }

@@ -106,7 +106,8 @@ class Trainer {
       o.split_preconditioning = !s.replicated_precondition;
       o.lr = s.lr;
       o.timeline = &timeline_;
-      kfac_ = std::make_unique<kfac::Preconditioner<T, Mem>>(world_, model_.kfac_layers(), o);
+      kfac_engine_ = std::make_unique<comm::Engine>(world_);  // K-FAC's own stream, beside grads_
+      kfac_ = std::make_unique<kfac::Preconditioner<T, Mem>>(*kfac_engine_, model_.kfac_layers(), o);
       model_.attach(kfac_.get());
     }
     std::vector<Flat> params, grads;
@@ -180,6 +181,7 @@ class Trainer {
   comm::Engine grads_;
   Timeline timeline_;
   nn::ShardedBatches batches_;
+  std::unique_ptr<comm::Engine> kfac_engine_;  // outlives kfac_
   std::unique_ptr<kfac::Preconditioner<T, Mem>> kfac_;
   std::unique_ptr<comm::FusedAllreducer<T, Mem>> fused_;
   std::unique_ptr<adasum::DeltaOptimizer<T, Mem>> adasum_;

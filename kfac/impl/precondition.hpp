@@ -12,8 +12,8 @@ namespace kfac {
 // ---- construction -------------------------------------------------------------------------
 
 template <class T, class M>
-Preconditioner<T, M>::Preconditioner(const comm::Communicator& comm, std::vector<Layer> layers, Options options)
-    : engine_(comm), options_(std::move(options)), order_(static_cast<int>(layers.size()), engine_.rank()) {
+Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> layers, Options options)
+    : engine_(engine), options_(std::move(options)), order_(static_cast<int>(layers.size()), engine_.rank()) {
   options_.validate();
   if (layers.empty()) kdist::impl::throw_invalid("kdist::kfac::Preconditioner", "no layers");
   switches_ = resolve(options_);

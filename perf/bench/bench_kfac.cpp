@@ -234,8 +234,12 @@ Breakdown iteration(Network& net, KFAC& kfac) {
 template <class Sampler>
 std::vector<Breakdown> measure(const Settings& s, comm::Communicator& world, Network& net,
                                const std::vector<Config>& configs, Sampler* profile) {
+  std::vector<std::unique_ptr<comm::Engine>> engines;  // one stream per configuration, as in use
   std::vector<std::unique_ptr<KFAC>> kfacs;
-  for (const Config& c : configs) kfacs.push_back(std::make_unique<KFAC>(world, net.kfac_layers(), c.options));
+  for (const Config& c : configs) {
+    engines.push_back(std::make_unique<comm::Engine>(world));
+    kfacs.push_back(std::make_unique<KFAC>(*engines.back(), net.kfac_layers(), c.options));
+  }
   std::vector<std::vector<Breakdown>> runs(configs.size());
   for (int it = 0; it < s.warmup + s.iters; ++it) {
     if (profile) profile->sample(it >= s.warmup);
@@ -284,8 +288,10 @@ class Profile {
  public:
   Profile(const Settings& s, comm::Communicator& world, Network& net)
       : net_(net),
-        kfac_(world, net.kfac_layers(), options(kfac::Strategy::dkfac, s)),
-        pipelined_(world, net.kfac_layers(), options(kfac::Strategy::spd, s)) {
+        kfac_engine_(world),
+        pipelined_engine_(world),
+        kfac_(kfac_engine_, net.kfac_layers(), options(kfac::Strategy::dkfac, s)),
+        pipelined_(pipelined_engine_, net.kfac_layers(), options(kfac::Strategy::spd, s)) {
     const auto L = static_cast<std::size_t>(net.layers());
     for (auto* v : {&fwd_, &bwd_, &fa_, &fg_, &pre_, &copy_, &pfa_, &pfg_, &pfwd_, &pbwd_}) v->resize(L);
     for (const auto& layer : net.kfac_layers()) {
@@ -448,6 +454,7 @@ class Profile {
 
   Exec exec_;
   Network& net_;
+  comm::Engine kfac_engine_, pipelined_engine_;  // before the Preconditioners that borrow them
   KFAC kfac_, pipelined_;
   InverseWorkspace<T, Mem> ws_;
   std::vector<int> dims_;

@@ -284,7 +284,8 @@ void Suite<Exec>::kfac_step(int batch) {
   kdist::kfac::Options o;
   o.factor_every = o.inverse_every = 1;
   o.damping = 1e-2;
-  kdist::kfac::Preconditioner<float, Mem> kfac(kdist::comm::Communicator(MPI_COMM_WORLD), kl, o);
+  kdist::comm::Engine kfac_engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  kdist::kfac::Preconditioner<float, Mem> kfac(kfac_engine, kl, o);
   Exec exec;
   auto iteration = [&](bool with_kfac) {
     for (std::size_t l = 0; l < layers.size(); ++l) layers[l].attach(with_kfac ? &kfac : nullptr, static_cast<int>(l));
