@@ -15,7 +15,7 @@ template <class T>
 double timed_run(comm::Engine& engine, Algorithm a, const Kokkos::View<T*, Kokkos::HostSpace>& v) {
   Options o;
   o.algorithm = a;
-  return comm::time_over_ranks(engine, [&] { allreduce(Host(), engine, v, {0, v.extent(0)}, {}, o).wait(); });
+  return comm::impl::time_over_ranks(engine, [&] { allreduce(Host(), engine, v, {0, v.extent(0)}, {}, o).wait(); });
 }
 
 template <class T>
@@ -46,7 +46,7 @@ std::pair<CostModel, CostModel> calibrate(comm::Engine& engine, DType dtype, con
   constexpr const char* func = "kdist::adasum::calibrate";
   if (dtype != DType::float32 && dtype != DType::float64)
     kdist::impl::throw_invalid(func, std::string("cannot calibrate dtype ") + to_string(dtype));
-  comm::check_options(func, options);
+  comm::impl::check_options(func, options);
   return dtype == DType::float32 ? calibrate_typed<float>(engine, options) : calibrate_typed<double>(engine, options);
 }
 

@@ -14,7 +14,7 @@ using Host = Kokkos::DefaultHostExecutionSpace;
 /// One timed run: the operations posted together, then all waited; seconds per operation.
 template <class T>
 double timed_run(Engine& engine, CostOp op, const std::vector<Kokkos::View<T*, Kokkos::HostSpace>>& buffers) {
-  const double t = time_over_ranks(engine, [&] {
+  const double t = impl::time_over_ranks(engine, [&] {
     std::vector<Request> ops;
     for (const auto& v : buffers)
       ops.push_back(op == CostOp::broadcast
@@ -43,7 +43,7 @@ CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o
 }
 }  // namespace
 
-double time_over_ranks(Engine& engine, const std::function<void()>& run) {
+double impl::time_over_ranks(Engine& engine, const std::function<void()>& run) {
   Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::calibrate::scalar", 1);
   engine.allreduce(Host(), scalar, ReduceOp::sum, "kdist::calibrate::barrier").wait();
   const double t0 = Clock::local_now();
@@ -53,7 +53,7 @@ double time_over_ranks(Engine& engine, const std::function<void()>& run) {
   return scalar(0);
 }
 
-void check_options(const char* func, const CalibrationOptions& options) {
+void impl::check_options(const char* func, const CalibrationOptions& options) {
   if (options.repeats < 1 || options.warmup < 0 || options.in_flight < 1 || options.min_bytes > options.max_bytes)
     kdist::impl::throw_invalid(
         func, "needs repeats >= 1, warmup >= 0, in_flight >= 1 and min_bytes <= max_bytes, got repeats " +
@@ -68,7 +68,7 @@ CostModel calibrate_collective(Engine& engine, CostOp op, DType dtype, const Cal
     kdist::impl::throw_invalid(func, std::string("cannot calibrate ") + to_string(op));
   if (dtype != DType::float32 && dtype != DType::float64)
     kdist::impl::throw_invalid(func, std::string("cannot calibrate dtype ") + to_string(dtype));
-  check_options(func, options);
+  impl::check_options(func, options);
   return dtype == DType::float32 ? calibrate_typed<float>(engine, op, options)
                                  : calibrate_typed<double>(engine, op, options);
 }

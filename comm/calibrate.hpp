@@ -27,6 +27,7 @@ struct CalibrationOptions {
   int in_flight = 1;  ///< operations posted together per timed run (their mean is recorded)
 };
 
+namespace impl {
 /// One timed run as the calibrations take it: a 1-element all-reduce as the barrier, `run` (which
 /// posts and waits its operations), then the maximum over ranks of the elapsed seconds (a 1-element
 /// max all-reduce), all through `engine`. Collective.
@@ -35,6 +36,7 @@ double time_over_ranks(Engine& engine, const std::function<void()>& run);
 /// Throws InvalidArgument naming `func` unless repeats >= 1, warmup >= 0, in_flight >= 1 and
 /// min_bytes <= max_bytes.
 void check_options(const char* func, const CalibrationOptions& options);
+}  // namespace impl
 
 /// Measures `op` (CostOp::allreduce or CostOp::broadcast) on float32 or float64 views.
 /// Throws InvalidArgument for any other operation or dtype, repeats < 1, warmup < 0, in_flight < 1 or

@@ -152,11 +152,5 @@ int Communicator::rank_in(const Communicator& other, int r) const {
   return out;
 }
 
-void Communicator::require_size(int expected, const char* operation) const {
-  if (size_ != expected)
-    throw InvalidArgument(std::string(operation) + ": needs " + std::to_string(expected) + " ranks, communicator '" +
-                          kind_ + "' has " + std::to_string(size_) + " (rank " + std::to_string(rank_) + ")");
-}
-
 }  // namespace comm
 }  // namespace kdist

@@ -33,9 +33,6 @@ class Communicator {
   const std::string& kind() const noexcept { return kind_; }
   /// kdist's private duplicate (never free it). Engines do not talk on it: each duplicates it.
   MPI_Comm raw() const noexcept { return *comm_; }
-  /// Id of the Engine whose wire this is a group of (0: a user communicator).
-  std::uint64_t engine_id() const noexcept { return engine_id_; }
-
   /// Ranks on the same node. With node_size > 0 nodes are imposed: consecutive blocks of
   /// node_size ranks; size() must be a multiple of node_size. Otherwise MPI_Comm_split_type
   /// (shared memory). Collective (blocking) over this communicator, which no Engine talks on:
@@ -58,11 +55,12 @@ class Communicator {
   /// Rank in `other` of this communicator's rank `r` (MPI_UNDEFINED if not a member).
   int rank_in(const Communicator& other, int r) const;
 
-  /// Throws kdist::InvalidArgument unless size() == expected, naming `operation`.
-  void require_size(int expected, const char* operation) const;
-
  private:
   friend class Engine;
+  /// Id of the Engine whose wire this is a group of (0: a user communicator).
+  std::uint64_t engine_id() const noexcept {
+    return engine_id_;
+  }
   Communicator(std::shared_ptr<MPI_Comm> comm, std::string kind, std::uint64_t engine_id = 0);
   /// Takes ownership of `comm` (freed with the last copy) and makes it return MPI errors.
   static std::shared_ptr<MPI_Comm> own(MPI_Comm comm);

@@ -66,12 +66,12 @@ void sync_directory(const std::string& path) {
 
 }  // namespace
 
-std::string atomic_temporary_path(const std::string& path) {
+std::string impl::atomic_temporary_path(const std::string& path) {
   return path + ".tmp." + std::to_string(static_cast<long long>(::getpid()));
 }
 
 void write_file_atomically(const std::string& path, const std::string& contents, const char* operation) {
-  const std::string tmp = atomic_temporary_path(path);
+  const std::string tmp = impl::atomic_temporary_path(path);
   const int fd = open_temporary(tmp);
   if (fd < 0) fail(operation, "write", path, errno);
   int err = write_all(fd, contents.data(), contents.size());
@@ -89,7 +89,7 @@ void write_file_atomically(const std::string& path, const std::string& contents,
 int probe_file_writable(const std::string& path) noexcept {
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return EISDIR;  // rename would fail
-  const std::string tmp = atomic_temporary_path(path);
+  const std::string tmp = impl::atomic_temporary_path(path);
   const int fd = open_temporary(tmp);
   if (fd < 0) return errno;
   (void)::close(fd);

@@ -28,7 +28,9 @@ int probe_file_writable(const std::string& path) noexcept;
 /// Throws kdist::Error (naming `operation`, the path and the reason) unless probe_file_writable is 0.
 void check_file_writable(const std::string& path, const char* operation = "kdist::check_file_writable");
 
-/// The temporary write_file_atomically uses for `path`: "<path>.tmp.<pid>".
+namespace impl {
+/// The temporary write_file_atomically uses for `path`: "<path>.tmp.<pid>" (tests check it is gone).
 std::string atomic_temporary_path(const std::string& path);
+}  // namespace impl
 
 }  // namespace kdist

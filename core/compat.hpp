@@ -20,25 +20,8 @@ void fence(const ExecSpace& exec, const char* label) {
 #endif
 }
 
-/// Device-callable square root and absolute value (Kokkos::sqrt is 3.7+, Experimental:: is gone in 4.3).
-template <class T>
-KOKKOS_INLINE_FUNCTION T sqrt(T x) {
-#if KOKKOS_VERSION >= 30700
-  return Kokkos::sqrt(x);
-#else
-  return Kokkos::Experimental::sqrt(x);
-#endif
-}
-template <class T>
-KOKKOS_INLINE_FUNCTION T abs(T x) {
-#if KOKKOS_VERSION >= 30700
-  return Kokkos::abs(x);
-#else
-  return Kokkos::Experimental::fabs(x);
-#endif
-}
-
-/// Device-callable exponential and natural logarithm (the same versions as sqrt).
+/// Device-callable exponential and natural logarithm (Kokkos::exp is 3.7+, Experimental:: is gone in
+/// 4.3).
 template <class T>
 KOKKOS_INLINE_FUNCTION T exp(T x) {
 #if KOKKOS_VERSION >= 30700

@@ -300,7 +300,7 @@ TEST_CASE("CostModelStore::save to an unwritable place names the path and leaves
   REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
   REQUIRE(::mkdir((dir + "/x").c_str(), 0755) == 0);
   REQUIRE_THROWS_WITH(store.save(dir), Catch::Contains("cannot replace '" + dir + "'"));
-  CHECK(::access(kdist::atomic_temporary_path(dir).c_str(), F_OK) != 0);
+  CHECK(::access(kdist::impl::atomic_temporary_path(dir).c_str(), F_OK) != 0);
   ::rmdir((dir + "/x").c_str());
   ::rmdir(dir.c_str());
 }

@@ -37,9 +37,9 @@ TEST_CASE("write_file_atomically replaces a file and leaves no temporary", "[cor
   kdist::write_file_atomically(path, "old\n");
   kdist::write_file_atomically(path, "new contents\n");
   CHECK(read_all(path) == "new contents\n");
-  CHECK_FALSE(exists(kdist::atomic_temporary_path(path)));
+  CHECK_FALSE(exists(kdist::impl::atomic_temporary_path(path)));
   CHECK(kdist::probe_file_writable(path) == 0);
-  CHECK_FALSE(exists(kdist::atomic_temporary_path(path)));
+  CHECK_FALSE(exists(kdist::impl::atomic_temporary_path(path)));
   kdist::write_file_atomically(path, "");  // empty is a valid file
   CHECK(read_all(path).empty());
   ::unlink(path.c_str());
@@ -54,7 +54,7 @@ TEST_CASE("write_file_atomically into a missing directory names the path", "[cor
       Catch::StartsWith("kdist::test: cannot write '" + path + "'") && Catch::Contains("No such file or directory"));
   CHECK(kdist::probe_file_writable(path) == ENOENT);
   REQUIRE_THROWS_WITH(kdist::check_file_writable(path), Catch::Contains(path));
-  CHECK_FALSE(exists(kdist::atomic_temporary_path(path)));
+  CHECK_FALSE(exists(kdist::impl::atomic_temporary_path(path)));
 }
 
 TEST_CASE("write_file_atomically under a regular file (not a directory) names the path", "[core][files]") {
@@ -75,7 +75,7 @@ TEST_CASE("a failed rename removes the temporary and keeps the destination", "[c
   kdist::write_file_atomically(inner, "kept\n");
   REQUIRE_THROWS_WITH(kdist::write_file_atomically(target, "x"),
                       Catch::Contains("cannot replace '" + target + "'") && Catch::Contains("removed"));
-  CHECK_FALSE(exists(kdist::atomic_temporary_path(target)));
+  CHECK_FALSE(exists(kdist::impl::atomic_temporary_path(target)));
   CHECK(read_all(inner) == "kept\n");
   CHECK(kdist::probe_file_writable(target) == EISDIR);
   ::unlink(inner.c_str());
@@ -91,7 +91,7 @@ TEST_CASE("Timeline::write goes through the atomic writer", "[core][files][timel
   ::mkdir(target.c_str(), 0755);
   ::mkdir((target + "/x").c_str(), 0755);
   REQUIRE_THROWS_WITH(tl.write(target), Catch::StartsWith("kdist::Timeline::write: cannot replace '" + target));
-  CHECK_FALSE(exists(kdist::atomic_temporary_path(target)));
+  CHECK_FALSE(exists(kdist::impl::atomic_temporary_path(target)));
   ::rmdir((target + "/x").c_str());
   ::rmdir(target.c_str());
   ::unlink(path.c_str());
