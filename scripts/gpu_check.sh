@@ -1,0 +1,455 @@
+#!/usr/bin/env bash
+# Runs the CUDA kdist of a bundle (scripts/cuda_bundle.sh) on a GPU machine in about 8 minutes:
+#
+#   scripts/gpu_check.sh [BUNDLE_DIR]          (default: <repo>/cuda-bundle)
+#
+# From the device tool: run(command="bash scripts/gpu_check.sh cuda-bundle",
+# carry=["cuda-bundle"], timeout_s=560). Without a GPU (no nvidia-smi, or it lists no device) it
+# prints "no GPU" and exits 3 before doing anything else.
+#
+# Steps, in order, each under a time limit; a failing step is recorded and the next one runs:
+#   unpack         payload.tar.xz (checked against manifest.json's sha256) to GPU_CHECK_UNPACK
+#   device         nvidia-smi: the GPU, driver, memory, compute capability
+#   libraries      ldd of every program: what the bundle carries (MPICH, UCX, OpenBLAS, cudart)
+#                  and what the device must provide (cuBLAS, cuSOLVER, cuSPARSE, nvJitLink, NCCL,
+#                  libcuda), looked up in the CUDA toolkit, the driver and the nvidia-* wheels
+#   mpi_probe      mpiexec -n 2 of one short test program (MPI + Kokkos CUDA start-up); if it
+#                  fails, again with UCX_TLS=sm,self, kept for the rest if that works
+#   gpu_smoke      cuSOLVER against host LAPACK, d = 256 ... 8192
+#   test 1 rank    every run-list entry with 1 rank (all unit tests; Kokkos' default space is
+#                  CUDA: TestExec/TestMem are the GPU), GPU_CHECK_JOBS at a time
+#   test 2 ranks   every entry with 2 ranks, both on the one GPU (device views go through NCCL,
+#                  host ones and the staged paths through MPI); NCCL refuses two ranks on one GPU
+#                  ("Duplicate GPU detected") and the note says so when it does
+#   bench_inverse  kdist::spd_inverse against LAPACK and gemm  [GPU_CHECK_BENCH_INVERSE_ARGS]
+#   bench_adasum   2 ranks, Adasum against MPI_Allreduce(SUM)   [GPU_CHECK_BENCH_ADASUM_ARGS]
+#   portability    kdist_portability on the CUDA space and the host (then --smoke if it fails)
+#   fashion_mnist  the MLP with K-FAC, one epoch, 1 rank, on Debian's dataset-fashion-mnist
+#                  (/usr/share/datasets/fashion-mnist, or the bundle's data/, or GPU_CHECK_DATA);
+#                  skipped, and said so, when absent
+#
+# Output in $OUT (default ./gpu-check-out; 4 files, within what the device tool brings back):
+#   gpu-check.json  every step: name, command, ranks, timeout, seconds, rc, status
+#                   (pass | fail | timeout | skipped), note, the end of its log; the device;
+#                   the libraries; totals. Rewritten after every step (a run cut short keeps it)
+#   summary.txt     the same as a table
+#   steps.log       the end of every step's log
+#   logs.tar.gz     logs/ (every step's whole log) and results/ (the benchmarks' JSON, the
+#                   training log)
+# Exit status: 0 all steps that ran passed, 1 some failed, 3 no GPU, 4 no bundle.
+#
+# Environment: GPU_CHECK_BUDGET_S (total, default 450), GPU_CHECK_JOBS (1-rank tests at once,
+# default 4), GPU_CHECK_JOBS2 (2-rank tests at once, default 2), GPU_CHECK_UNPACK (default
+# /tmp/kdist-gpu-kit), GPU_CHECK_DATA, GPU_CHECK_ONLY (a regex: run only the matching steps and
+# tests), GPU_CHECK_ASSUME_GPU=1 (skip the GPU test: only to try this script on a CPU machine).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PATH="$PATH:/usr/local/nvidia/bin:/usr/local/cuda/bin"
+
+# ---- no GPU: stop before anything else -------------------------------------------------------
+if [ "${GPU_CHECK_ASSUME_GPU:-0}" != 1 ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu_check: no GPU (nvidia-smi not found): nothing run" >&2
+    exit 3
+  fi
+  if ! timeout 60 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo "gpu_check: no GPU (nvidia-smi lists no device): nothing run" >&2
+    exit 3
+  fi
+fi
+
+T0="${EPOCHREALTIME:-$(date +%s.%N)}"
+BUDGET="${GPU_CHECK_BUDGET_S:-450}"
+BUNDLE="${1:-$ROOT/cuda-bundle}"
+OUT="${OUT:-./gpu-check-out}"
+KIT="${GPU_CHECK_UNPACK:-/tmp/kdist-gpu-kit}"
+JOBS1="${GPU_CHECK_JOBS:-4}"
+JOBS2="${GPU_CHECK_JOBS2:-2}"
+ONLY="${GPU_CHECK_ONLY:-}"
+if [ ! -f "$BUNDLE/payload.tar.xz" ] || [ ! -f "$BUNDLE/runlist.tsv" ]; then
+  echo "gpu_check: no bundle at $BUNDLE (payload.tar.xz, runlist.tsv: scripts/cuda_bundle.sh makes one)" >&2
+  exit 4
+fi
+BUNDLE="$(cd "$BUNDLE" && pwd)"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+W="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
+mkdir -p "$W/logs" "$W/results" "$W/res" "$W/run"
+rm -f "$OUT/gpu-check.json" "$OUT/summary.txt" "$OUT/steps.log" "$OUT/logs.tar.gz"
+
+now() { echo "${EPOCHREALTIME:-$(date +%s.%N)}"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}'; }
+# Seconds left before the whole budget is spent.
+left() { awk -v t0="$T0" -v b="$BUDGET" -v n="$(now)" 'BEGIN{printf "%d", t0 + b - n}'; }
+# JSON string of arbitrary text (printable ASCII kept).
+jstr() {
+  local s
+  s="$(printf '%s' "$1" | tr -cd '\11\12\15\40-\176')"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  s="${s//$'\t'/\\t}"
+  s="${s//$'\r'/}"
+  s="${s//$'\n'/\\n}"
+  printf '"%s"' "$s"
+}
+selected() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+
+STEPS=()      # one JSON object per step
+SUMMARY=()    # one table line per step
+N_PASS=0 N_FAIL=0 N_TIMEOUT=0 N_SKIP=0
+INFO_JSON=()  # "key": value pairs for the report's top level
+# record name group ranks timeout seconds rc status note cmd log
+record() {
+  local name="$1" group="$2" ranks="$3" tmo="$4" secs="$5" rc="$6" status="$7" note="$8" cmd="$9" log="${10}"
+  local tail_txt=""
+  [ -f "$log" ] && tail_txt="$(tail -n 25 "$log")"
+  STEPS+=("{\"name\": $(jstr "$name"), \"group\": $(jstr "$group"), \"ranks\": ${ranks:-0}, \"timeout_s\": ${tmo:-0}, \"seconds\": ${secs:-0}, \"rc\": ${rc:-null}, \"status\": $(jstr "$status"), \"note\": $(jstr "$note"), \"command\": $(jstr "$cmd"), \"log_tail\": $(jstr "$tail_txt")}")
+  SUMMARY+=("$(printf '%-44s %-8s %7s %6s  %s' "$name" "$status" "$secs" "$tmo" "$note")")
+  case "$status" in
+    pass) N_PASS=$((N_PASS + 1)) ;;
+    fail) N_FAIL=$((N_FAIL + 1)) ;;
+    timeout) N_TIMEOUT=$((N_TIMEOUT + 1)) ;;
+    *) N_SKIP=$((N_SKIP + 1)) ;;
+  esac
+  if [ -f "$log" ]; then
+    {
+      echo "===== $name: $status (rc ${rc:-none}, ${secs} s of ${tmo} s) $note"
+      echo "\$ $cmd"
+      tail -n 60 "$log"
+    } >>"$OUT/steps.log"
+  fi
+  echo "gpu_check: $(printf '%-44s %-8s %6s s  %s' "$name" "$status" "$secs" "$note")"
+  write_report
+}
+
+write_report() {
+  local IFS=,
+  {
+    echo "{\"bundle\": $(jstr "$BUNDLE"), \"budget_s\": $BUDGET, \"elapsed_s\": $(elapsed "$T0"),"
+    echo " \"totals\": {\"pass\": $N_PASS, \"fail\": $N_FAIL, \"timeout\": $N_TIMEOUT, \"skipped\": $N_SKIP},"
+    [ ${#INFO_JSON[@]} -gt 0 ] && echo " ${INFO_JSON[*]},"
+    echo " \"steps\": ["
+    local i
+    for i in "${!STEPS[@]}"; do
+      if [ "$i" -gt 0 ]; then echo ",${STEPS[$i]}"; else echo " ${STEPS[$i]}"; fi
+    done
+    echo "]}"
+  } >"$OUT/gpu-check.json.tmp" && mv "$OUT/gpu-check.json.tmp" "$OUT/gpu-check.json"
+  {
+    echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ): $N_PASS pass, $N_FAIL fail, $N_TIMEOUT timeout, $N_SKIP skipped; $(elapsed "$T0") s of $BUDGET"
+    printf '%s\n' "${HEADER[@]}"
+    echo
+    printf '%-44s %-8s %7s %6s  %s\n' step status seconds limit note
+    printf '%s\n' "${SUMMARY[@]}"
+  } >"$OUT/summary.txt"
+}
+HEADER=()
+
+# run_step name group ranks timeout cmd...: runs in its own folder, output to logs/<name>.log,
+# result to res/<name>.res; for the pools, also callable in the background.
+run_step() {
+  local name="$1" group="$2" ranks="$3" tmo="$4" will_fail="$5"
+  shift 5
+  local log="$W/logs/$name.log" dir="$W/run/$name" t rc status note=""
+  mkdir -p "$dir"
+  t="$(now)"
+  (cd "$dir" && timeout -k 10 "$tmo" "$@") >"$log" 2>&1 </dev/null
+  rc=$?
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    status=timeout
+  elif [ "$rc" = 126 ] || [ "$rc" = 127 ]; then
+    status=fail  # the program could not start: no pass even where it must fail
+  elif [ "$will_fail" = 1 ]; then
+    if [ "$rc" != 0 ]; then status=pass; note="fails as it must (WILL_FAIL)"; else status=fail; note="passed but must fail (WILL_FAIL)"; fi
+  elif [ "$rc" = 0 ]; then
+    status=pass
+  else
+    status=fail
+  fi
+  grep -q 'Duplicate GPU detected' "$log" && note="${note:+$note; }NCCL: Duplicate GPU detected (two ranks on one GPU)"
+  grep -q 'error while loading shared libraries' "$log" && note="${note:+$note; }$(grep -m1 -o 'error while loading shared libraries: [^:]*' "$log")"
+  if [ "$status" != pass ] && [ -z "$note" ]; then
+    note="$(grep -m1 -E 'FAILED|Error|error:|what\(\)|Abort|terminate' "$log" | cut -c1-160)"
+    [ -n "$note" ] || note="$(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-160)"
+    [ "$rc" -gt 128 ] && [ "$status" = fail ] && note="${note:+$note; }rc $rc: signal $((rc - 128))"
+  fi
+  note="${note//$'\t'/ }"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$group" "$ranks" "$tmo" "$(elapsed "$t")" "$rc" "$status" "$note" >"$W/res/$name.res"
+  printf '%s ' "$@" >"$W/res/$name.cmd"
+}
+
+# Records a finished run_step from its .res file.
+collect() {
+  local name="$1" n g r tmo secs rc status note
+  IFS=$'\t' read -r n g r tmo secs rc status note <"$W/res/$name.res"
+  [ "$rc" = - ] && rc=""
+  record "$n" "$g" "$r" "$tmo" "$secs" "$rc" "$status" "$note" "$(cat "$W/res/$name.cmd")" "$W/logs/$name.log"
+}
+
+# step name group ranks own_limit cmd...: one step, in the foreground, within the budget.
+step() {
+  local name="$1" group="$2" ranks="$3" own="$4"
+  shift 4
+  if ! selected "$name"; then return 0; fi
+  local l
+  l="$(left)"
+  if [ "$l" -lt 10 ]; then
+    record "$name" "$group" "$ranks" 0 0 "" skipped "the ${BUDGET} s budget is spent" "$*" ""
+    return 0
+  fi
+  [ "$own" -gt "$l" ] && own="$l"
+  local a
+  for a in "$@"; do
+    if [[ "$a" == "$KIT/bin/"* ]] && [ ! -x "$a" ]; then
+      record "$name" "$group" "$ranks" "$own" 0 "" fail "${a#"$KIT"/} is not in the bundle (its build failed?)" "$*" ""
+      return 0
+    fi
+  done
+  run_step "$name" "$group" "$ranks" "$own" 0 "$@"
+  collect "$name"
+}
+
+# ---- unpack -------------------------------------------------------------------------------------
+HEADER+=("bundle $BUNDLE")
+[ -f "$BUNDLE/MANIFEST.txt" ] && sed -n '1,8p' "$BUNDLE/MANIFEST.txt" | sed 's/^/  /'
+want_sha="$(grep -A4 '"payload"' "$BUNDLE/manifest.json" 2>/dev/null | sed -n 's/.*"sha256": "\([0-9a-f]*\)".*/\1/p' | head -1)"
+t="$(now)"
+(
+  set -e
+  got_sha="$(sha256sum "$BUNDLE/payload.tar.xz" | cut -d' ' -f1)"
+  echo "payload sha256 $got_sha (manifest: ${want_sha:-none})"
+  [ -z "$want_sha" ] || [ "$got_sha" = "$want_sha" ] || { echo "sha256 differs from the manifest"; exit 1; }
+  rm -rf "$KIT" && mkdir -p "$KIT"
+  if command -v xz >/dev/null 2>&1; then
+    tar -xJf "$BUNDLE/payload.tar.xz" -C "$KIT"
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE/payload.tar.xz" "$KIT"
+  fi
+  du -sh "$KIT"
+) >"$W/logs/unpack.log" 2>&1
+rc=$?
+if [ "$rc" = 0 ]; then st=pass; else st=fail; fi
+record unpack setup 0 0 "$(elapsed "$t")" "$rc" "$st" "to $KIT" "tar -xJf payload.tar.xz -C $KIT" "$W/logs/unpack.log"
+if [ "$rc" != 0 ]; then
+  echo "gpu_check: the bundle did not unpack; nothing else can run" >&2
+  tar -czf "$OUT/logs.tar.gz" -C "$W" logs results
+  exit 1
+fi
+export PATH="$KIT/mpich:$PATH"
+MPIEXEC="$KIT/mpich/mpiexec"
+export HYDRA_LAUNCHER=fork
+
+# ---- the device -----------------------------------------------------------------------------------
+t="$(now)"
+{
+  timeout 60 nvidia-smi
+  echo "nvidia-smi rc $?"
+  echo
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv
+  echo
+  echo "glibc: $(ldd --version 2>&1 | head -1)"
+  echo "cores: $(nproc); memory: $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/meminfo)"
+  grep PRETTY_NAME /etc/os-release 2>/dev/null
+} >"$W/logs/device.log" 2>&1
+rc="$(sed -n 's/^nvidia-smi rc //p' "$W/logs/device.log")"
+gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
+HEADER+=("device: ${gpu_line:-unknown}" "$(grep '^glibc' "$W/logs/device.log")" "$(grep PRETTY_NAME "$W/logs/device.log")")
+INFO_JSON+=("\"device\": $(jstr "${gpu_line:-unknown}")" "\"device_log\": $(jstr "$(cat "$W/logs/device.log")")")
+sed -n '1,20p' "$W/logs/device.log"
+if [ "$rc" = 0 ]; then st=pass; else st=fail; fi
+record device setup 0 30 "$(elapsed "$t")" "$rc" "$st" "${gpu_line:-}" "nvidia-smi" "$W/logs/device.log"
+
+# ---- the libraries --------------------------------------------------------------------------------
+t="$(now)"
+LD="$KIT/lib"
+export LD_LIBRARY_PATH="$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+missing_libs() {
+  for f in "$KIT"/bin/* "$KIT"/mpich/*; do ldd "$f" 2>/dev/null; done | awk '$2 == "=>" && $3 == "not" {print $1}' | sort -u
+}
+{
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  mapfile -t need < <(missing_libs)
+  echo "not in the bundle nor the loader's path: ${need[*]:-none}"
+  if [ ${#need[@]} -gt 0 ]; then
+    # The CUDA toolkit, the driver, the Python wheels (nvidia-*: cuBLAS, cuSOLVER, NCCL, ...).
+    expr=()
+    for n in "${need[@]}"; do expr+=(-o -name "$n"); done
+    mapfile -t found < <(find /usr/local/cuda/ /usr/local/nvidia/ /usr/lib/x86_64-linux-gnu /usr/lib64 /opt /usr/local/lib \
+      /usr/lib/python3 /root/.local -maxdepth 9 \( -false "${expr[@]}" \) \( -type f -o -type l \) 2>/dev/null | sort -u)
+    declare -A seen=()
+    extra=""
+    for p in "${found[@]}"; do
+      d="$(dirname "$p")"
+      echo "found $p"
+      # one directory per library name: the first found (the toolkit before the wheels)
+      b="$(basename "$p")"
+      [ -n "${seen[$b]:-}" ] && continue
+      seen[$b]=1
+      case ":$extra:" in *":$d:"*) ;; *) extra="${extra:+$extra:}$d" ;; esac
+    done
+    echo "EXTRA=$extra"
+  fi
+} >"$W/logs/libraries.log" 2>&1
+extra="$(sed -n 's/^EXTRA=//p' "$W/logs/libraries.log")"
+[ -n "$extra" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$extra"
+# libstdc++ / libgcc_s older than the build's: use the bundle's.
+if for f in "$KIT"/bin/*; do ldd "$f" 2>&1; done | grep -qE "version .(GLIBCXX|CXXABI|GCC)_[0-9.]*' not found"; then
+  export LD_LIBRARY_PATH="$KIT/lib/compat:$LD_LIBRARY_PATH"
+  echo "libstdc++ too old here: using the bundle's (lib/compat)" >>"$W/logs/libraries.log"
+fi
+{
+  echo "final LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$KIT"/bin/* "$KIT"/mpich/* 2>&1 | grep -E "not found" | sort -u | sed 's/^/MISSING /'
+  glibc_bad="$(for f in "$KIT"/bin/*; do ldd "$f" 2>&1; done | grep -E "version .GLIBC_[0-9.]*' not found" | sort -u | head -3)"
+  [ -z "$glibc_bad" ] || echo "MISSING glibc: $glibc_bad"
+} >>"$W/logs/libraries.log" 2>&1
+# What each group of libraries resolved to, over every program.
+lib_report=()
+lib_json=()
+for pair in "MPICH:libmpich" "UCX:libucp" "NCCL:libnccl" "OpenBLAS:libopenblas|libblas|liblapack" "cuBLAS:libcublas" \
+  "cuSOLVER:libcusolver" "cuSPARSE:libcusparse" "cudart:libcudart" "driver:libcuda\\." "nvJitLink:libnvJitLink"; do
+  what="${pair%%:*}"
+  re="${pair#*:}"
+  where="$(for f in "$KIT"/bin/*; do ldd "$f" 2>/dev/null; done | grep -E "^\s*($re)" |
+    awk '{print $1 " => " $3}' | sort -u | tr '\n' ' ')"
+  [ -n "$where" ] || where="not needed by the programs"
+  case "$where" in *" not "* | *"not found"*) where="MISSING: $where" ;; esac
+  lib_report+=("$(printf '  %-9s %s' "$what" "$where")")
+  lib_json+=("$(jstr "$what"): $(jstr "$where")")
+done
+{
+  echo
+  printf '%s\n' "${lib_report[@]}"
+} >>"$W/logs/libraries.log"
+HEADER+=("libraries:" "${lib_report[@]}")
+INFO_JSON+=("\"libraries\": {$(IFS=,; echo "${lib_json[*]}")}" "\"ld_library_path\": $(jstr "$LD_LIBRARY_PATH")")
+printf '%s\n' "${lib_report[@]}"
+n_missing="$(grep -c '^MISSING' "$W/logs/libraries.log")"
+if [ "$n_missing" = 0 ]; then st=pass; note="all found"; else st=fail; note="$(grep '^MISSING' "$W/logs/libraries.log" | awk '{print $2}' | sort -u | tr '\n' ' ')"; fi
+record libraries setup 0 0 "$(elapsed "$t")" "$n_missing" "$st" "$note" "ldd bin/* mpich/*" "$W/logs/libraries.log"
+
+# ---- the run list -----------------------------------------------------------------------------------
+# name ranks timeout will_fail env program args...
+declare -a R1=() R2=()
+while IFS= read -r line; do
+  case "$line" in '#'* | '') continue ;; esac
+  IFS=$'\t' read -r -a f <<<"$line"
+  selected "${f[0]}" || continue
+  case "${f[1]}" in
+    1) R1+=("$line") ;;
+    2) R2+=("$line") ;;
+  esac
+done <"$BUNDLE/runlist.tsv"
+
+# run_entry line limit: one run-list entry under mpiexec (called in the background).
+run_entry() {
+  local -a f envs=()
+  IFS=$'\t' read -r -a f <<<"$1"
+  local name="${f[0]}" ranks="${f[1]}" tmo="${f[2]}" wf="${f[3]}" env="${f[4]}" prog="${f[5]}"
+  [ "$env" = - ] || IFS=';' read -r -a envs <<<"$env"
+  [ "$tmo" -gt "$2" ] && tmo="$2"
+  run_step "$name" "test ${ranks} rank" "$ranks" "$tmo" "$wf" \
+    env "${envs[@]}" "$MPIEXEC" -n "$ranks" "$KIT/$prog" "${f[@]:6}"
+}
+
+# pool group jobs limit entries...: the entries, `jobs` at a time, all within `limit` seconds.
+pool() {
+  local group="$1" jobs="$2" limit="$3"
+  shift 3
+  local l end names=() e name
+  l="$(left)"
+  [ "$limit" -gt "$l" ] && limit="$l"
+  end=$(($(date +%s) + limit))
+  for e in "$@"; do
+    name="${e%%$'\t'*}"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    local rem=$((end - $(date +%s)))
+    if [ "$rem" -lt 5 ]; then
+      printf '%s\t%s\t%s\t0\t0\t-\tskipped\tthe %s s for %s are spent\n' "$name" "$group" "$(cut -f2 <<<"$e")" "$limit" "$group" >"$W/res/$name.res"
+      echo "(not run)" >"$W/res/$name.cmd"
+    else
+      run_entry "$e" "$rem" &
+    fi
+    names+=("$name")
+  done
+  wait
+  for name in "${names[@]}"; do collect "$name"; done
+}
+
+# ---- MPI start-up -------------------------------------------------------------------------------------
+# One short 2-rank test program (test_clock_sync, else the first 2-rank test_*), run whole: MPI,
+# Kokkos' CUDA start-up and the harness. (Catch2's --list-* options exit with the count, not 0.)
+probe_entry=""
+for e in "${R2[@]}"; do
+  case "$(cut -f6 <<<"$e")" in
+    bin/test_clock_sync) probe_entry="$e" && break ;;
+    bin/test_*) [ -n "$probe_entry" ] || probe_entry="$e" ;;
+  esac
+done
+if [ -n "$probe_entry" ] && selected mpi_probe; then
+  IFS=$'\t' read -r -a pf <<<"$probe_entry"
+  penv=()
+  [ "${pf[4]}" = - ] || IFS=';' read -r -a penv <<<"${pf[4]}"
+  run_step mpi_probe setup 2 60 0 env "${penv[@]}" "$MPIEXEC" -n 2 "$KIT/${pf[5]}" "${pf[@]:6}"
+  collect mpi_probe
+  if ! grep -q $'\tpass\t' "$W/res/mpi_probe.res"; then
+    export UCX_TLS=sm,self
+    run_step mpi_probe_ucx_sm setup 2 60 0 env "${penv[@]}" "$MPIEXEC" -n 2 "$KIT/${pf[5]}" "${pf[@]:6}"
+    collect mpi_probe_ucx_sm
+    if grep -q $'\tpass\t' "$W/res/mpi_probe_ucx_sm.res"; then
+      HEADER+=("MPI: UCX_TLS=sm,self (the default transports failed)")
+    else
+      unset UCX_TLS
+    fi
+  fi
+fi
+
+# ---- the checks, within the budget (the limits below add up to it) ------------------------------------
+step gpu_smoke gpu_smoke 1 45 "$KIT/bin/gpu_smoke"
+
+[ ${#R1[@]} -gt 0 ] && pool "test 1 rank" "$JOBS1" 110 "${R1[@]}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+[ ${#R2[@]} -gt 0 ] && pool "test 2 ranks" "$JOBS2" 80 "${R2[@]}"
+unset NCCL_DEBUG
+
+# The benchmarks use every core for the host side (no OPENBLAS_NUM_THREADS=1 here).
+# shellcheck disable=SC2086 # the *_ARGS variables are argument lists
+step bench_inverse bench 1 30 "$KIT/bin/bench_inverse" \
+  ${GPU_CHECK_BENCH_INVERSE_ARGS:---sizes 256,1024,4096 --reps 3} --json "$W/results/bench_inverse.json"
+# shellcheck disable=SC2086
+step bench_adasum bench 2 30 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 2 "$KIT/bin/bench_adasum" \
+  ${GPU_CHECK_BENCH_ADASUM_ARGS:---reps 3 --max-bytes 16777216} --json "$W/results/bench_adasum.json"
+step kdist_portability bench 1 60 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --platform "gpu-check" \
+  --reps 3 --json "$W/results/kdist_portability.json"
+if [ -f "$W/res/kdist_portability.res" ] && ! grep -q $'\tpass\t' "$W/res/kdist_portability.res"; then
+  step kdist_portability_smoke bench 1 20 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --smoke \
+    --platform gpu-check-smoke --json "$W/results/kdist_portability_smoke.json"
+fi
+
+data=""
+for d in "${GPU_CHECK_DATA:-}" /usr/share/datasets/fashion-mnist "$BUNDLE/data/fashion-mnist"; do
+  if [ -n "$d" ] && [ -f "$d/train-images-idx3-ubyte.gz" ]; then
+    data="$d"
+    break
+  fi
+done
+if ! selected fashion_mnist; then
+  :
+elif [ -z "$data" ]; then
+  record fashion_mnist example 1 0 0 "" skipped \
+    "no Fashion-MNIST here (/usr/share/datasets/fashion-mnist: Debian's dataset-fashion-mnist; or cuda_bundle.sh --with-data)" \
+    "fashion_mnist --model mlp --optimizer kfac --epochs 1" ""
+else
+  step fashion_mnist example 1 75 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" --model mlp \
+    --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist.csv"
+fi
+
+# ---- the report ----------------------------------------------------------------------------------------
+write_report
+tar -czf "$OUT/logs.tar.gz" -C "$W" logs results
+echo
+cat "$OUT/summary.txt"
+echo "gpu_check: $OUT/{gpu-check.json,summary.txt,steps.log,logs.tar.gz}"
+rm -rf "$W"
+[ "$N_FAIL" = 0 ] && [ "$N_TIMEOUT" = 0 ]
