@@ -288,7 +288,9 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
   if (!(wmin > tol))
     throw NumericalError(func, n, damping, 0,
                          "matrix is not positive definite after damping (smallest eigenvalue + damping = " +
-                             std::to_string(static_cast<double>(wmin)) + ")");
+                             std::to_string(static_cast<double>(wmin)) +
+                             ", not above the tolerance n eps |largest| = " + std::to_string(static_cast<double>(tol)) +
+                             ")");
   mirror_upper_to_lower(exec, inv);
 }
 
