@@ -56,3 +56,23 @@ TEST_CASE("per-rank timelines merge into one trace with a process per rank", "[c
     CHECK(static_cast<int>(pids.size()) == size);
   }
 }
+
+TEST_CASE("synchronize_clock: a rank that fails instead is named on rank 0, no hang", "[comm][clock]") {
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  const int P = engine.size(), me = engine.rank();
+  if (P < 2) return;
+  kdist::Clock clock;
+  if (me == P - 1) {
+    engine.fail(std::runtime_error("no clock here"));
+    return;
+  }
+  // Rank 0 waits for the failed rank's ping and must learn why; the others may finish their own
+  // exchanges first, but if they raise, it names the failed rank too.
+  const std::string why = "rank " + std::to_string(P - 1) + " failed";
+  try {
+    kdist::comm::synchronize_clock(engine, clock, 4);
+    CHECK(me != 0);
+  } catch (const kdist::comm::RemoteError& e) {
+    CHECK_THAT(e.what(), Catch::Contains(why) && Catch::Contains("no clock here"));
+  }
+}
