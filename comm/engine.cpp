@@ -438,10 +438,37 @@ void Engine::finish() {
   c.finished = true;
 }
 
-void Engine::fail(const std::exception& error) {
+void Engine::fail(std::exception_ptr error) {
   EngineCore& c = *core_;
   Entry entry(c, "kdist::comm::Engine::fail");
-  c.fail_everywhere(std::make_exception_ptr(Error(error.what())), error.what());
+  if (!error)
+    kdist::impl::throw_invalid("kdist::comm::Engine::fail",
+                               "null exception_ptr (rank " + std::to_string(c.rank) + "); pass the failure to report");
+  if (c.poisoned) return;  // failed already: the first reason stands, and the peers have it
+  std::string text;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    text = e.what();
+  } catch (...) {
+    text = "an exception that is not a std::exception";
+  }
+  c.fail_everywhere(std::move(error), text);
+}
+
+void Engine::fail(const std::exception& error) {
+  // From error's own catch block the exception being handled is `error` itself: keep it.
+  std::exception_ptr handled = std::current_exception();
+  bool same = false;
+  if (handled) {
+    try {
+      std::rethrow_exception(handled);
+    } catch (const std::exception& e) {
+      same = &e == &error;
+    } catch (...) {
+    }
+  }
+  fail(same ? std::move(handled) : std::make_exception_ptr(Error(error.what())));
 }
 
 Communicator Engine::split_group(bool node, int node_size) {

@@ -237,8 +237,18 @@ class Engine {
   /// Collective and checked: waits for everything, then agrees that every rank is done; a rank
   /// still submitting is named in a MismatchError. The Engine takes no work afterwards.
   void finish();
-  /// Marks this Engine failed with `error` (rethrown by pending and later operations here) and
-  /// sends it to every other rank, where pending and later operations raise RemoteError.
+  /// Reports a failure outside any Engine call (a bad file, an unwritable path) to every rank:
+  /// call it from your catch block, before the Engine is destroyed, so the peers learn the reason
+  /// (otherwise they only learn that this rank destroyed its Engine while an exception propagated).
+  /// Marks this Engine failed: pending and later operations here rethrow `error` itself, its type
+  /// kept; on every other rank they raise RemoteError naming this rank, with error's what() (for a
+  /// non-std exception, "an exception that is not a std::exception"). Once this Engine has failed
+  /// (fail() was called, or a peer's RemoteError reached it), fail() does nothing: no message, no
+  /// throw, and the first reason stays. The destructor then returns without finish() or another
+  /// message. A null `error` is an InvalidArgument.
+  void fail(std::exception_ptr error);
+  /// The same; `error` is kept when it is the exception being handled (a catch block's), else
+  /// copied as a kdist::Error with its message.
   void fail(const std::exception& error);
   /// False once a mismatch, a failure here or on a peer, or finish() happened.
   bool healthy() const noexcept;

@@ -7,8 +7,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "test_space.hpp"
@@ -251,6 +254,128 @@ TEST_CASE("a throw between two collective steps fails every rank, the second ste
     }
   }
   CHECK(named);
+}
+
+// Issue 29 item 3: an application error (outside any Engine call) reported with fail() reaches the
+// peers with its reason, and the failing rank keeps its exception's type. At 1 rank: the local half.
+TEST_CASE("an application error reported with fail() reaches every rank with its reason", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  const std::string reason = "cannot read /tmp/x: truncated at byte 17";
+  Engine eng(world);
+  auto v = filled("grad", 4, 1.0);
+  eng.allreduce(TestExec(), v, ReduceOp::sum, "grad").wait();
+  CHECK_THROWS_AS(eng.fail(std::exception_ptr()), kdist::InvalidArgument);
+  CHECK(eng.healthy());  // a null report fails nothing
+  if (me == P - 1) {
+    sleep_ms(200);  // the peers block in their wait meanwhile
+    try {
+      throw std::runtime_error(reason);  // e.g. reading a data file, outside any Engine call
+    } catch (...) {
+      eng.fail(std::current_exception());
+    }
+    CHECK_FALSE(eng.healthy());
+    // Failed already: neither overload throws, and the first reason stays.
+    CHECK_NOTHROW(eng.fail(std::make_exception_ptr(std::logic_error("second"))));
+    CHECK_NOTHROW(eng.fail(std::logic_error("third")));
+    for (int i = 0; i < 2; ++i) {  // later operations rethrow the original exception, its type kept
+      bool original = false;
+      try {
+        eng.allreduce(TestExec(), v, ReduceOp::sum, "after the error").wait();
+      } catch (const std::exception& e) {
+        original = typeid(e) == typeid(std::runtime_error) && e.what() == reason;
+      }
+      CHECK(original);
+    }
+  } else {
+    const auto names_reason = Catch::Matchers::Predicate<RemoteError>(
+        [&](const RemoteError& e) {
+          const std::string w = e.what();
+          return w.find("rank " + std::to_string(P - 1) + " failed") != std::string::npos &&
+                 w.find(reason) != std::string::npos && w.find("destroyed its Engine") == std::string::npos &&
+                 w.find("second") == std::string::npos && w.find("third") == std::string::npos;
+        },
+        "names rank " + std::to_string(P - 1) + " and '" + reason + "'");
+    bool reported = false;
+    try {
+      eng.allreduce(TestExec(), v, ReduceOp::sum, "after the error").wait();  // blocked here
+    } catch (const RemoteError& e) {
+      CHECK_THAT(e, names_reason);
+      reported = true;
+      // Reporting the peer's failure back is a no-op: this Engine failed already.
+      CHECK_NOTHROW(eng.fail(std::current_exception()));
+    }
+    CHECK(reported);
+    CHECK_FALSE(eng.healthy());
+    REQUIRE_THROWS_MATCHES(eng.allreduce(TestExec(), v, ReduceOp::sum, "later").wait(), RemoteError, names_reason);
+  }
+}
+
+// The usual shape: catch, fail(), rethrow; the Engine is destroyed while the exception propagates.
+// Its destructor neither replaces the reason nor hangs. At 1 rank: the destructor returns and the
+// exception leaves intact.
+TEST_CASE("fail() in a catch block that rethrows: the peers learn the reason and not the Engine's destruction",
+          "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  const std::string reason = "cannot write /nonexistent/ckpt.bin: No such file or directory";
+  std::string seen = "no error";
+  try {
+    Engine eng(world);
+    auto v = filled("grad", 4, 1.0);
+    eng.allreduce(TestExec(), v, ReduceOp::sum, "grad").wait();
+    if (me == P - 1) {
+      try {
+        throw std::runtime_error(reason);
+      } catch (...) {
+        eng.fail(std::current_exception());
+        throw;
+      }
+    }
+    eng.allreduce(TestExec(), v, ReduceOp::sum, "next").wait();
+  } catch (const RemoteError& e) {
+    seen = std::string("remote: ") + e.what();
+  } catch (const std::runtime_error& e) {
+    seen = std::string(typeid(e) == typeid(std::runtime_error) ? "local: " : "local, retyped: ") + e.what();
+  }
+  if (me == P - 1) {
+    CHECK(seen == "local: " + reason);
+  } else {
+    CHECK_THAT(seen, Catch::StartsWith("remote: ") && Catch::Contains("rank " + std::to_string(P - 1) + " failed") &&
+                         Catch::Contains(reason) && !Catch::Contains("destroyed its Engine"));
+  }
+}
+
+TEST_CASE("fail(const std::exception&) keeps the exception being handled and otherwise reports a kdist::Error",
+          "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  auto v = filled("v", 4, 1.0);
+  // Every rank fails its own Engine, before any message from a peer can be read.
+  auto rethrown = [&](Engine& eng) {
+    try {
+      eng.allreduce(TestExec(), v, ReduceOp::sum, "v").wait();
+    } catch (const std::exception& e) {
+      return std::string(typeid(e) == typeid(std::out_of_range) ? "out_of_range: "
+                         : typeid(e) == typeid(kdist::Error)    ? "kdist::Error: "
+                                                                : "other: ") +
+             e.what();
+    }
+    return std::string("no error");
+  };
+  {
+    Engine eng(world);
+    try {
+      throw std::out_of_range("index 7");
+    } catch (const std::exception& e) {
+      eng.fail(e);
+    }
+    CHECK(rethrown(eng) == "out_of_range: index 7");
+  }
+  {
+    Engine eng(world);
+    eng.fail(std::out_of_range("index 8"));  // not the exception being handled: copied
+    CHECK(rethrown(eng) == "kdist::Error: index 8");
+  }
 }
 
 TEST_CASE("a stalled operation becomes a StallError here and a RemoteError on the peers", "[reliability][stall]") {
