@@ -37,5 +37,6 @@ endif()
 find_dependency(MPI COMPONENTS CXX)
 find_dependency(BLAS)
 find_dependency(LAPACK)
-# kdist::nn links zlib privately; a static libkdist_nn still needs it at the consumer's link.
+# kdist::core (state files: CRC-32) and kdist::nn (gzip'ed IDX) link zlib privately; a static
+# library still needs it at the consumer's link.
 find_dependency(ZLIB)

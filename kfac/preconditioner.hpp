@@ -25,8 +25,9 @@
 // it throws (InvalidArgument, NonFiniteError, NumericalError naming the layer and the rank) and
 // fails the Engine, so every other rank raises comm::RemoteError at its next wait instead of
 // hanging. The running factors, inverses and counters change only when a step completes.
-// save()/load() are collective; a state from another layer list, dtype or rank count is an
-// InvalidArgument on every rank; a failed save leaves the previous file intact.
+// save()/load() are collective; a state from another layer list or dtype, or a damaged one, is
+// refused on every rank naming the file, field and byte offset; a failed save leaves the previous
+// file intact. A state saved at another rank count is resumed with plans re-made for this one.
 #pragma once
 
 #include <kdist/comm/engine.hpp>
@@ -39,14 +40,15 @@
 #include <kdist/core/packed.hpp>
 #include <kdist/core/phase.hpp>
 #include <kdist/core/products.hpp>
+#include <kdist/core/state_file.hpp>
 #include <kdist/kfac/factors.hpp>
 #include <kdist/kfac/impl/hook_order.hpp>
 #include <kdist/kfac/impl/kernels.hpp>
 #include <kdist/kfac/impl/slots.hpp>
+#include <kdist/kfac/impl/state.hpp>
 #include <kdist/kfac/layers.hpp>
 #include <kdist/kfac/options.hpp>
 #include <kdist/kfac/placement.hpp>
-#include <kdist/kfac/state.hpp>
 
 #include <cmath>
 #include <memory>
@@ -100,9 +102,21 @@ class Preconditioner {
   /// Plan the fusion again from the next factor step's measured ready times (collective).
   void replan() { replan_after_ = factor_steps_ + 1; }
   void set_learning_rate(double lr);
-  /// Collective. The running factors, inverses, counters and plans.
+  /// The state: running factors, inverses, counters, and the placement and fusion plan.
+  /// save: collective; rank 0 writes `path` atomically (core/state_file.hpp), every rank learns
+  /// whether it worked. load: collective; every rank reads `path` and checks all of it before
+  /// anything changes, and a failure anywhere raises on every rank. A state saved at another
+  /// rank count is taken as it is, with this run's placement and split and a fresh fusion plan
+  /// (describe() says so); at the same count its plans are kept and the run continues bit for
+  /// bit. Both only between steps.
   void save(const std::string& path);
   void load(const std::string& path);
+  /// The same state as fields and sections whose names start with `prefix`, inside a caller's file (a training
+  /// checkpoint): not collective, every rank holds all of it. load_from checks everything first.
+  void save_to(StateWriter& out, const std::string& prefix = "kfac.") const;
+  void load_from(const StateReader& in, const std::string& prefix = "kfac.");
+  /// The `kind` of the file save() writes.
+  static constexpr const char* kStateKind = "kdist.kfac";
 
   /// Strategy, switches, layers and the placement table: what to print at start-up.
   std::string describe() const;
@@ -133,14 +147,15 @@ class Preconditioner {
   const LayerSlot& layer_slot(int l) const { return layer_slots_[static_cast<std::size_t>(l)]; }
   const Layer& layer(int l) const { return layer_slot(l).layer; }
   /// Raises InvalidArgument(message) here and on every rank, unless the message is empty.
-  void require(const std::string& message) {
+  void require(const std::string& message) const {
     if (!message.empty()) raise(InvalidArgument(message));
   }
+  void require_between_steps(const char* operation) const { require(order_.check_between_steps(operation)); }
   /// Order checks, factor period, timing and error wrapping around compute(fresh A).
   template <class ComputeA>
   void forward_hook(const execution_space& exec, int l, const ComputeA& compute);
   template <class E>
-  [[noreturn]] void raise(const E& e) {
+  [[noreturn]] void raise(const E& e) const {
     engine_.fail(e);
     throw e;
   }
@@ -164,7 +179,15 @@ class Preconditioner {
   /// rows x cols over the reused scratch (fresh factors, the preconditioning's middle product).
   Matrix scratch_matrix(int rows, int cols);
   double phase_end(const execution_space& exec, double t0) const;
-  StateHeader header() const;
+  /// A state read and checked, not yet applied (load: applied once every rank has one).
+  struct Restore {
+    impl::StateCounters counters;
+    std::vector<typename Matrix::HostMirror> factors, inverses;
+    std::string origin;
+  };
+  impl::StateShape state_shape() const;
+  Restore stage(const StateReader& in, const std::string& prefix) const;
+  void commit(Restore&& restore);
 
   comm::Engine& engine_;
   Options options_;
@@ -181,6 +204,7 @@ class Preconditioner {
   long long step_ = 0, factor_steps_ = 0, replan_after_ = 0;
   bool have_inverses_ = false;
   double last_clip_ = 1.0;
+  std::string restored_;  ///< what load() did, for describe()
   Stats stats_;
 };
 

@@ -163,8 +163,27 @@ using Device4 = Kokkos::View<T****, Kokkos::LayoutRight, TestMem>;
 struct Share {
   int first, count;
 };
+// The ranks the global batch is shared among: the world, or the group a test runs on.
+struct Group {
+  int rank = -1, size = 0;  // size 0: the world
+};
+inline Group& data_group() {
+  static Group group;
+  return group;
+}
+/// While alive, the data is shared among the ranks of `comm` (a sub-communicator of the world).
+struct DataOn {
+  explicit DataOn(MPI_Comm comm) {
+    MPI_Comm_rank(comm, &data_group().rank);
+    MPI_Comm_size(comm, &data_group().size);
+  }
+  ~DataOn() { data_group() = Group{}; }
+  DataOn(const DataOn&) = delete;
+  DataOn& operator=(const DataOn&) = delete;
+};
 inline Share share() {
-  const int P = world_size(), r = world_rank();
+  const Group& g = data_group();
+  const int P = g.size > 0 ? g.size : world_size(), r = g.size > 0 ? g.rank : world_rank();
   return {r * kBatch / P, kBatch / P};
 }
 

@@ -1,10 +1,12 @@
-// kfac::Preconditioner: resume from a state file, failed saves, bad input on every rank, and the
-// hook-order checker.
+// kfac::Preconditioner: resume from a state file at the same and at other rank counts, damaged
+// and foreign states, failed saves, bad input on every rank, and the hook-order checker.
 #include <mpi.h>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <kdist/kfac/preconditioner.hpp>
 #include <vector>
 
@@ -12,11 +14,19 @@
 
 using namespace kfac_test;
 
-TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
-  const auto layers = network();
+namespace {
+/// Inverses every 2 steps: a run resumed after step 3 first uses the saved inverses.
+Options resume_options() {
   Options o = base_options();
   o.kl_clip = 1e-3;
   o.inverse_every = 2;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
+  const auto layers = network();
+  const Options o = resume_options();
   const std::string path = "test_kfac_state.bin";
   comm::Engine straight_engine{comm::Communicator(MPI_COMM_WORLD)};
   Preconditioner<double, TestMem> straight(straight_engine, layers, o);
@@ -27,19 +37,163 @@ TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
   Preconditioner<double, TestMem> resumed(resumed_engine, layers, o);
   resumed.load(path);
   CHECK(resumed.steps() == 3);
-  const auto got = train(resumed, layers, 3, 3);
-  CHECK(got == want);
-
-  // Another layer list, dtype or rank count: a clear error on every rank, nothing changed.
-  comm::Engine other_engine{comm::Communicator(MPI_COMM_WORLD)};
-  Preconditioner<double, TestMem> other(other_engine, {Dense(7, 4, true)}, o);
-  CHECK_THROWS_WITH(other.load(path), Catch::Contains("layers"));
-  CHECK(other.steps() == 0);
-  comm::Engine single_engine{comm::Communicator(MPI_COMM_WORLD)};
-  Preconditioner<float, TestMem> single(single_engine, layers, o);
-  CHECK_THROWS_WITH(single.load(path), Catch::Contains("float32"));
+  CHECK(train(resumed, layers, 3, 3) == want);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(path.c_str());
+}
+
+namespace {
+/// The first `ranks` ranks of the world (MPI_COMM_NULL on the others); the caller frees it.
+MPI_Comm first_ranks(int ranks) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &comm);
+  return comm;
+}
+std::vector<double> flatten(const std::vector<std::vector<double>>& steps) {
+  std::vector<double> all;
+  for (const auto& s : steps) all.insert(all.end(), s.begin(), s.end());
+  return all;
+}
+}  // namespace
+
+// Saved at 2 ranks (1 in a 1-rank world) after 3 steps, resumed at every rank count up to the
+// world's: the next 3 updates are the uninterrupted run's up to floating-point order. Inverses
+// every 2 steps, so the resumed run's first step uses the saved inverses, not fresh ones.
+TEST_CASE("kfac: a state saved at 2 ranks resumes at 1, 2, 3 and 4 ranks with the same updates", "[kfac]") {
+  const auto layers = network();
+  const Options o = resume_options();
+  const std::string path = "test_kfac_state_cross.bin";
+  const int saved_at = std::min(2, world_size());
+  std::vector<double> want;
+  MPI_Comm save_group = first_ranks(saved_at);
+  if (save_group != MPI_COMM_NULL) {
+    DataOn data(save_group);
+    comm::Engine engine{comm::Communicator(save_group)};
+    Preconditioner<double, TestMem> straight(engine, layers, o);
+    train(straight, layers, 0, 3);
+    straight.save(path);
+    want = flatten(train(straight, layers, 3, 3));
+    const auto dense = flatten(reference(layers, o, 6));  // and both are right
+    CHECK(max_relative(want, std::vector<double>(dense.end() - static_cast<std::ptrdiff_t>(want.size()), dense.end())) <
+          1e-9);
+    MPI_Comm_free(&save_group);
+  }
+  int length = static_cast<int>(want.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  want.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(want.data(), length, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  for (int ranks = 1; ranks <= world_size(); ++ranks) {
+    MPI_Comm group = first_ranks(ranks);
+    if (group == MPI_COMM_NULL) continue;
+    DataOn data(group);
+    comm::Engine engine{comm::Communicator(group)};
+    Preconditioner<double, TestMem> resumed(engine, layers, o);
+    resumed.load(path);
+    CHECK(resumed.steps() == 3);
+    const std::string text = resumed.describe();
+    CHECK_THAT(text, Catch::Contains("saved at " + std::to_string(saved_at) + " rank(s)"));
+    if (ranks != saved_at)
+      CHECK_THAT(text, Catch::Contains("made for " + std::to_string(ranks) + " rank(s)"));
+    else
+      CHECK_THAT(text, Catch::Contains("placement and fusion plan kept"));
+    const std::vector<double> got = flatten(train(resumed, layers, 3, 3));
+    INFO("resumed at " << ranks << " rank(s)");
+    CHECK(max_relative(got, want) < 1e-5);
+    if (ranks == saved_at) CHECK(got == want);
+    MPI_Comm_free(&group);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
+}
+
+namespace {
+/// Rank 0 rewrites `path` with `edit` applied to its bytes; every rank waits for it.
+void edit_file(const std::string& path, const std::function<void(std::string&)>& edit) {
+  if (world_rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    edit(all);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << all;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+}  // namespace
+
+// Item by item: what a damaged, foreign or mistyped state says on every rank (the file, the
+// field or section, the byte offset), and that the preconditioner is left as it was.
+TEST_CASE("kfac: a damaged or foreign state is refused on every rank, naming the field and offset", "[kfac]") {
+  const auto layers = network();
+  const Options o = base_options();
+  const std::string good = "test_kfac_state_good.bin", bad = "test_kfac_state_bad.bin";
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  {
+    Preconditioner<double, TestMem> trained(engine, layers, o);
+    train(trained, layers, 0, 2);
+    trained.save(good);
+  }
+  Preconditioner<double, TestMem> kfac(engine, layers, o);
+  const auto fresh_updates = [&] {
+    comm::Engine other{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> fresh(other, layers, o);
+    return train(fresh, layers, 0, 1);
+  }();
+  const auto refused = [&](const std::function<void(std::string&)>& edit) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::remove(bad.c_str());
+    edit_file(good, [&](std::string& all) {
+      std::string copy = all;
+      edit(copy);
+      std::ofstream(bad, std::ios::binary) << copy;
+    });
+    std::string message;
+    try {
+      kfac.load(bad);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    CHECK(kfac.steps() == 0);
+    return message;
+  };
+  SECTION("truncated") {
+    const std::string m = refused([](std::string& all) { all.resize(all.size() - 100); });
+    CHECK_THAT(m,
+               Catch::Contains(bad) && Catch::Contains("section 'factor.G0' (bytes") && Catch::Contains("(truncated)"));
+  }
+  SECTION("a flipped bit in a section") {
+    const std::string m = refused([](std::string& all) { all[all.size() - 5] ^= 4; });
+    CHECK_THAT(m, Catch::Contains("section 'inverse.G0' (bytes") && Catch::Contains("checksum does not match"));
+  }
+  SECTION("a changed byte in the header") {
+    const std::string m = refused([](std::string& all) {
+      const std::size_t at = all.find("\"step\":") + 7;
+      all[at] = all[at] == '9' ? '8' : static_cast<char>(all[at] + 1);
+    });
+    CHECK_THAT(m, Catch::Contains("header (bytes") && Catch::Contains("checksum does not match"));
+  }
+  SECTION("not a state file") {
+    const std::string m = refused([](std::string& all) { all = "epoch,loss\n1,0.5\n"; });
+    CHECK_THAT(m, Catch::Contains(bad) && Catch::Contains("byte 0: no \"KDIST-STATE\" magic"));
+  }
+  SECTION("another model") {
+    comm::Engine other_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> other(other_engine, {Dense(7, 4, true)}, o);
+    CHECK_THROWS_WITH(other.load(good), Catch::Contains(good) && Catch::Contains("field 'layers' (byte ") &&
+                                            Catch::Contains("Dense(7, 4, bias)"));
+    CHECK(other.steps() == 0);
+  }
+  SECTION("another dtype") {
+    comm::Engine other_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<float, TestMem> other(other_engine, layers, o);
+    CHECK_THROWS_WITH(other.load(good), Catch::Contains("field 'dtype' (byte ") &&
+                                            Catch::Contains("the state holds float64, this preconditioner is float32"));
+  }
+  SECTION("nothing changed: the refused preconditioner trains like a fresh one") {
+    refused([](std::string& all) { all[all.size() - 5] ^= 4; });
+    CHECK(train(kfac, layers, 0, 1) == fresh_updates);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(good.c_str()), std::remove(bad.c_str());
 }
 
 TEST_CASE("kfac: a failed save leaves the previous file intact", "[kfac]") {
@@ -177,18 +331,31 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       kfac.save(path);
     }
     if (world_rank() == 0) {
-      // Make G2 (factor 3: after A0, A1, A2 of dimensions 13, 8, 4) negative definite: -10 I.
-      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-      std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      const std::size_t header_end =
-          all.find('\n', all.find('\n') + 1) + 1 + std::stoul(all.substr(all.find('\n') + 1));
-      std::size_t offset = header_end;
-      for (int d : {13, 8, 4}) offset += static_cast<std::size_t>(d) * d * sizeof(double);
-      for (int i = 0; i < 3; ++i) {
-        const double v = -10;
-        f.seekp(static_cast<std::streamoff>(offset + (i * 3 + i) * sizeof(double)));
-        f.write(reinterpret_cast<const char*>(&v), sizeof v);
+      // The same state with G2 (factor 3: after A0, A1, A2) negative definite: -10 I.
+      const StateReader saved(path, Preconditioner<double, TestMem>::kStateKind, "test");
+      kfac::impl::StateShape shape;
+      shape.dtype = DType::float64;
+      shape.ranks = world_size();
+      for (const Layer& l : layers) shape.layers.push_back(l.describe());
+      for (const char* f : {"A0", "A1", "A2", "G2", "G1", "G0"}) {
+        const Layer& l = layers[static_cast<std::size_t>(f[1] - '0')];
+        shape.dims.push_back(f[0] == 'A' ? l.a_dim() : l.g_dim());
       }
+      const kfac::impl::StateCounters counters = kfac::impl::read_state_fields(saved, "", shape);
+      StateWriter out(Preconditioner<double, TestMem>::kStateKind);
+      kfac::impl::write_state_fields(out, "", shape, counters);
+      int f = 0;
+      for (const char* label : {"A0", "A1", "A2", "G2", "G1", "G0"}) {
+        const std::size_t d = static_cast<std::size_t>(shape.dims[static_cast<std::size_t>(f++)]);
+        for (const std::string kind : {"factor.", "inverse."}) {
+          std::vector<double> m(d * d);
+          saved.read(kind + label, m.data(), m.size());
+          if (std::string(label) == "G2" && kind == "factor.")
+            for (std::size_t i = 0; i < d; ++i) m[i * d + i] = -10;
+          out.add(kind + label, m.data(), m.size());
+        }
+      }
+      out.write(path, "test");
     }
     MPI_Barrier(MPI_COMM_WORLD);
     comm::Engine kfac_engine{world};

@@ -1,5 +1,5 @@
-// Preconditioner, continued: the state file (save/load) and describe(). Included by
-// kfac/preconditioner.hpp only; compiled into kdist_kfac by kfac/preconditioner.cpp.
+// Preconditioner, continued: the state (save/load, save_to/load_from) and describe(). Included
+// by kfac/preconditioner.hpp only; compiled into kdist_kfac by kfac/preconditioner.cpp.
 #pragma once
 
 #include <kdist/core/atomic_file.hpp>
@@ -11,21 +11,91 @@ namespace kdist {
 namespace kfac {
 
 // ---- state --------------------------------------------------------------------------------
+// Every rank holds the whole state (the running factors are all-reduced, every inverse is
+// computed or received everywhere), so rank 0 alone writes it. A state saved at this rank count
+// brings its placement and fusion plan back, and the run continues bit for bit; one saved at
+// another count keeps this run's placement, split and fusion plan (made for its own count at
+// construction) and re-plans the fusion at its next factor step, as a fresh run would have.
 
 template <class T, class M>
-StateHeader Preconditioner<T, M>::header() const {
-  StateHeader h;
-  h.dtype = to_string(dtype_of<T>());
-  h.ranks = engine_.size();
-  for (const LayerSlot& slot : layer_slots_) h.layers.push_back(slot.layer.describe());
-  for (const FactorSlot& slot : factor_slots_) h.dims.push_back(static_cast<int>(slot.running.extent(0)));
-  h.step = step_;
-  h.factor_steps = factor_steps_;
-  h.replan_after = replan_after_;
-  h.have_inverses = have_inverses_;
-  h.fusion_groups = fused_->plan().group_end;
-  h.owners = placement_.owner;
-  return h;
+impl::StateShape Preconditioner<T, M>::state_shape() const {
+  impl::StateShape shape;
+  shape.dtype = dtype_of<T>();
+  shape.ranks = engine_.size();
+  for (const LayerSlot& slot : layer_slots_) shape.layers.push_back(slot.layer.describe());
+  for (const FactorSlot& slot : factor_slots_) shape.dims.push_back(static_cast<int>(slot.running.extent(0)));
+  return shape;
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) const {
+  require_between_steps("save");
+  impl::StateCounters counters;
+  counters.step = step_;
+  counters.factor_steps = factor_steps_;
+  counters.replan_after = replan_after_;
+  counters.have_inverses = have_inverses_;
+  counters.owners = placement_.owner;
+  counters.fusion_groups = fused_->plan().group_end;
+  impl::write_state_fields(out, prefix, state_shape(), counters);
+  for (const FactorSlot& slot : factor_slots_)
+    for (const bool inverse : {false, true}) {
+      const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), inverse ? slot.inverse : slot.running);
+      out.add(prefix + (inverse ? "inverse." : "factor.") + slot.label, host.data(), host.span());
+    }
+}
+
+template <class T, class M>
+typename Preconditioner<T, M>::Restore Preconditioner<T, M>::stage(const StateReader& in,
+                                                                   const std::string& prefix) const {
+  require_between_steps("load");
+  Restore r;
+  r.counters = impl::read_state_fields(in, prefix, state_shape());
+  for (const FactorSlot& slot : factor_slots_)
+    for (const bool inverse : {false, true}) {
+      auto host = Kokkos::create_mirror(Kokkos::HostSpace(), slot.running);  // a copy, even on the host
+      in.read(prefix + (inverse ? "inverse." : "factor.") + slot.label, host.data(), host.span());
+      (inverse ? r.inverses : r.factors).push_back(host);
+    }
+  r.origin = in.path();
+  return r;
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::commit(Restore&& r) {
+  for (int f = 0; f < factors(); ++f) {
+    Kokkos::deep_copy(factor_slot(f).running, r.factors[static_cast<std::size_t>(f)]);
+    Kokkos::deep_copy(factor_slot(f).inverse, r.inverses[static_cast<std::size_t>(f)]);
+  }
+  const impl::StateCounters& c = r.counters;
+  step_ = c.step;
+  factor_steps_ = c.factor_steps;
+  have_inverses_ = c.have_inverses;
+  const std::string at =
+      r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) + " rank(s))";
+  if (c.ranks != engine_.size()) {
+    replan_after_ = c.replan_after < 0 ? factor_steps_ : c.replan_after;
+    restored_ = "restored from " + at + ": placement, preconditioning split and fusion plan made for " +
+                std::to_string(engine_.size()) + " rank(s), the fusion re-planned at the next factor step";
+    return;
+  }
+  replan_after_ = c.replan_after;
+  fused_->set_plan(comm::FusionPlan{c.fusion_groups});
+  if (c.owners != placement_.owner) {
+    placement_.owner = c.owners;
+    for (int f = 0; f < factors(); ++f) {  // a CT factor needs its packed broadcast buffer
+      FactorSlot& slot = factor_slot(f);
+      slot.packed = c.owners[static_cast<std::size_t>(f)] < 0
+                        ? Vector()
+                        : Vector("kdist::kfac::packed_" + slot.label, packed_size(slot.running.extent(0)));
+    }
+  }
+  restored_ = "restored from " + at + ": its placement and fusion plan kept";
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::load_from(const StateReader& in, const std::string& prefix) {
+  commit(stage(in, prefix));
 }
 
 namespace impl {
@@ -40,18 +110,13 @@ inline bool any_rank_failed(comm::Engine& engine, bool failed_here) {
 
 template <class T, class M>
 void Preconditioner<T, M>::save(const std::string& path) {
-  require(order_.check_between_steps("save"));
+  require_between_steps("save");
   std::exception_ptr error;
   if (engine_.rank() == 0) {
     try {
-      std::string payload;
-      for (const bool inverses : {false, true})  // the running factors, then the inverses
-        for (const FactorSlot& slot : factor_slots_) {
-          const auto host =
-              Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), inverses ? slot.inverse : slot.running);
-          payload.append(reinterpret_cast<const char*>(host.data()), host.span() * sizeof(T));
-        }
-      write_file_atomically(path, encode_state(header(), payload), "kdist::kfac::Preconditioner::save");
+      StateWriter out(kStateKind);
+      save_to(out, "");
+      out.write(path, "kdist::kfac::Preconditioner::save");
     } catch (...) {
       error = std::current_exception();
     }
@@ -64,19 +129,11 @@ void Preconditioner<T, M>::save(const std::string& path) {
 
 template <class T, class M>
 void Preconditioner<T, M>::load(const std::string& path) {
-  require(order_.check_between_steps("load"));
+  require_between_steps("load");
   std::exception_ptr error;
-  StateHeader saved;
-  std::string payload;
+  Restore staged;
   try {
-    saved = decode_state(path, &payload);
-    check_compatible(path, saved, header(), payload.size(), sizeof(T));
-    if (static_cast<int>(saved.owners.size()) != factors() ||
-        std::any_of(saved.owners.begin(), saved.owners.end(), [&](int o) { return o < -1 || o >= engine_.size(); }))
-      kdist::impl::throw_invalid("kdist::kfac::Preconditioner::load", path + ": owners out of range");
-    if (saved.fusion_groups.empty() || saved.fusion_groups.back() != factors())
-      kdist::impl::throw_invalid("kdist::kfac::Preconditioner::load",
-                                 path + ": fusion plan does not cover the factors");
+    staged = stage(StateReader(path, kStateKind, "kdist::kfac::Preconditioner::load"), "");
   } catch (...) {
     error = std::current_exception();
   }
@@ -85,29 +142,7 @@ void Preconditioner<T, M>::load(const std::string& path) {
     throw Error("kdist::kfac::Preconditioner::load: " + path + " could not be loaded on another rank (rank " +
                 std::to_string(engine_.rank()) + " read it)");
   }
-  std::size_t offset = 0;
-  for (const bool inverses : {false, true})  // the running factors, then the inverses
-    for (FactorSlot& slot : factor_slots_) {
-      const Matrix& F = inverses ? slot.inverse : slot.running;
-      auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), F);
-      std::copy_n(payload.data() + offset, host.span() * sizeof(T), reinterpret_cast<char*>(host.data()));
-      offset += host.span() * sizeof(T);
-      Kokkos::deep_copy(F, host);
-    }
-  step_ = saved.step;
-  factor_steps_ = saved.factor_steps;
-  replan_after_ = saved.replan_after;
-  have_inverses_ = saved.have_inverses;
-  fused_->set_plan(comm::FusionPlan{saved.fusion_groups});
-  if (saved.owners != placement_.owner) {
-    placement_.owner = saved.owners;
-    for (int f = 0; f < factors(); ++f) {
-      FactorSlot& slot = factor_slot(f);
-      slot.packed = saved.owners[static_cast<std::size_t>(f)] < 0
-                        ? Vector()
-                        : Vector("kdist::kfac::packed_" + slot.label, packed_size(slot.running.extent(0)));
-    }
-  }
+  commit(std::move(staged));
 }
 
 // ---- describe -----------------------------------------------------------------------------
@@ -125,6 +160,7 @@ std::string Preconditioner<T, M>::describe() const {
      << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
+  if (!restored_.empty()) os << "  " << restored_ << "\n";
   for (int l = 0; l < layers(); ++l)
     os << "  layer " << l << ": " << layer(l).describe() << ", A " << layer(l).a_dim() << "^2, G " << layer(l).g_dim()
        << "^2\n";
