@@ -3,6 +3,15 @@
 #   check_job.sh loss    JOB MPIEXEC COMPARE OPTIMIZER REDUCE MAX_LOSS   2 ranks, a few hundred steps
 #   check_job.sh repeat  JOB MPIEXEC COMPARE   same seed twice: bit-identical parameters
 #   check_job.sh resume  JOB MPIEXEC COMPARE   checkpoint + resume == uninterrupted, bit for bit
+#                        (at an epoch end and inside an epoch; SGD, K-FAC, and Adasum's per-rank momenta)
+#   check_job.sh resume_ranks JOB MPIEXEC COMPARE
+#                        saved inside an epoch at 2 ranks, resumed at 1, 3 and 4 ranks (global
+#                        batch 48): the uninterrupted 2-rank run's parameters to 1e-5 (SGD, K-FAC,
+#                        K-FAC on the CNN at 3); Adasum resumes at 3 with the mean momentum
+#   check_job.sh refuse  JOB MPIEXEC COMPARE   a global batch the ranks do not divide, a damaged
+#                        checkpoint, another run's: refused on every rank naming the field, exit 1
+#   check_job.sh peer    JOB MPIEXEC COMPARE   rank 0 fails alone (unwritable --log): rank 1 exits
+#                        non-zero with rank 0's reason
 #   check_job.sh ranks   JOB MPIEXEC COMPARE   1 rank x batch 2b == 2 ranks x batch b (SGD, average)
 #   check_job.sh workers JOB MPIEXEC COMPARE WORKERS
 #                        the workers study (WORKERS: fashion_mnist_workers) at K workers per rank
@@ -35,10 +44,70 @@ case "$mode" in
     "$compare" "$work/a.bin" "$work/b.bin" 0
     ;;
   resume)
-    run 2 --epochs 2 --limit-batches 20 --save-model "$work/straight.bin"
-    run 2 --epochs 1 --limit-batches 20 --checkpoint "$work/ck"
-    run 2 --epochs 2 --limit-batches 20 --resume "$work/ck" --save-model "$work/resumed.bin"
-    "$compare" "$work/straight.bin" "$work/resumed.bin" 0
+    for opt in "--optimizer kfac" "--optimizer sgd --reduce adasum"; do
+      # shellcheck disable=SC2086
+      set -- $opt --epochs 2 --limit-batches 20
+      run 2 "$@" --save-model "$work/straight.bin"
+      run 2 "$@" --epochs 1 --checkpoint "$work/ck"
+      run 2 "$@" --resume "$work/ck" --save-model "$work/resumed.bin"
+      "$compare" "$work/straight.bin" "$work/resumed.bin" 0
+      run 2 "$@" --stop-after 27 --checkpoint-every 5 --checkpoint "$work/ck"
+      run 2 "$@" --resume "$work/ck" --save-model "$work/resumed.bin"
+      "$compare" "$work/straight.bin" "$work/resumed.bin" 0
+    done
+    ;;
+  resume_ranks)
+    for opt in "--optimizer sgd" "--optimizer kfac"; do
+      # shellcheck disable=SC2086
+      set -- $opt --epochs 2 --limit-batches 20
+      run 2 "$@" --global-batch 48 --save-model "$work/straight.bin"
+      run 2 "$@" --global-batch 48 --stop-after 27 --checkpoint "$work/ck"
+      for np in 1 3 4; do
+        run "$np" "$@" --resume "$work/ck" --save-model "$work/resumed.bin"
+        "$compare" "$work/straight.bin" "$work/resumed.bin" 1e-5
+      done
+    done
+    cnn=(--model cnn --optimizer kfac --epochs 1 --limit-batches 8 --global-batch 48)
+    run 2 "${cnn[@]}" --save-model "$work/straight.bin"
+    run 2 "${cnn[@]}" --stop-after 3 --checkpoint "$work/ck"
+    run 3 "${cnn[@]}" --resume "$work/ck" --save-model "$work/resumed.bin"
+    "$compare" "$work/straight.bin" "$work/resumed.bin" 1e-5
+    adasum=(--optimizer sgd --reduce adasum --epochs 1 --limit-batches 10 --global-batch 48)
+    run 2 "${adasum[@]}" --stop-after 4 --checkpoint "$work/ck"
+    "$mpiexec" -n 3 "$job" --seed 3 "${adasum[@]}" --resume "$work/ck" | tee "$work/out"
+    grep -q "each rank's momentum: the mean of the saved ranks'" "$work/out"
+    ;;
+  refuse)
+    expect() {  # expect NP TEXT ARGS...: exit 1, every rank names TEXT
+      local np=$1 text=$2
+      shift 2
+      if "$mpiexec" -n "$np" "$job" --quiet --seed 3 "$@" 2> "$work/err"; then
+        echo "expected a failure: $*"
+        exit 1
+      fi
+      cat "$work/err"
+      for ((r = 0; r < np; r++)); do grep -F "(rank $r): " "$work/err" | grep -qF -- "$text"; done
+    }
+    expect 3 "a global batch of 64 samples does not divide among 3 ranks" --global-batch 64 --limit-batches 2
+    run 2 --optimizer kfac --epochs 1 --limit-batches 4 --checkpoint "$work/ck"
+    cp "$work/ck" "$work/saved"
+    expect 2 "field 'job.optimizer' (byte " --optimizer sgd --resume "$work/ck" --limit-batches 4
+    expect 3 "field 'job.global_batch' (byte " --optimizer kfac --batch 64 --resume "$work/ck" --limit-batches 4
+    expect 2 "field 'job.model' (byte " --model cnn --optimizer kfac --resume "$work/ck" --limit-batches 4
+    head -c 5000 "$work/saved" > "$work/cut"
+    expect 2 "$work/cut: section 'param.0." --optimizer kfac --resume "$work/cut" --limit-batches 4
+    grep -q "(truncated)" "$work/err"
+    cmp "$work/ck" "$work/saved"  # a refused resume leaves the checkpoint as it was
+    ;;
+  peer)
+    if "$mpiexec" -n 2 "$job" --quiet --seed 3 --epochs 2 --limit-batches 3 --log /nonexistent-dir/log.csv \
+      2> "$work/err"; then
+      echo "expected a failure"
+      exit 1
+    fi
+    cat "$work/err"
+    grep -F "(rank 0): " "$work/err" | grep -qF "cannot write '/nonexistent-dir/log.csv'"
+    grep -F "(rank 1): " "$work/err" | grep -F "rank 0" | grep -qF "cannot write '/nonexistent-dir/log.csv'"
     ;;
   ranks)
     run 1 --optimizer sgd --batch 64 --epochs 1 --limit-batches 30 --save-model "$work/one.bin"

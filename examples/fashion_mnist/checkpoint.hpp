@@ -1,85 +1,164 @@
-// The job's checkpoint: every rank writes its own file "<path>.rank<r>" (parameters, its SGD
-// velocities, which differ between ranks under Adasum, the next epoch and the CSV lines so far),
-// atomically; the K-FAC state goes to "<path>.kfac" through Preconditioner::save. Resuming needs
-// the same options and rank count; a file that does not fit is an error naming it.
-// The Chrome trace is gathered to rank 0 and written there.
+// The job's checkpoint: one file (core/state_file.hpp, kind "kdist.fashion_mnist"), written by
+// rank 0 atomically, resumable at any rank count with the same global batch.
+//
+//   fields   job.model, job.optimizer, job.reduce, job.seed, job.global_batch, job.limit_batches:
+//            the run it continues (a resume with others is refused naming the field);
+//            job.ranks (P when saved), job.epoch and job.batch (the next step), job.loss,
+//            job.correct, job.samples, job.skipped, job.seconds (the epoch so far, over all
+//            ranks), job.log (the CSV lines so far)
+//   sections param.<i>.<name>; velocity.<i>.<name> (averaging: one momentum, the same on every
+//            rank), or velocity.<r>.<i>.<name> per rank r (Adasum: each rank has its own);
+//            kfac.* (kfac::Preconditioner::save_to)
+//
+// Everything depends on the global batch, not on P: the batches are nn::ShardedBatches' of the
+// global batch, the parameters and the averaged momentum are the same on every rank, and the
+// K-FAC state is P-independent. Adasum's per-rank momenta resumed at another P: each rank takes
+// their mean (the job says so). A damaged file, another model or another run is refused on every
+// rank before anything changes (every rank reads the file; core/state_file names the field and
+// its byte offset).
 #pragma once
 
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/core/error.hpp>
+#include <kdist/core/state_file.hpp>
 #include <kdist/core/timeline.hpp>
 #include <kdist/nn/sgd.hpp>
 
 #include <mpi.h>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "options.hpp"
+
 namespace fmnist {
 
+inline constexpr const char* kCheckpointKind = "kdist.fashion_mnist";
+inline constexpr const char* kResume = "fashion_mnist --resume";
+
+/// An epoch's sums: this rank's while it runs, over all ranks in a checkpoint and its summary.
+struct EpochStats {
+  double loss = 0, samples = 0, correct = 0, seconds = 0, skipped = 0;
+};
+
+/// Where a run stands: the next step, the epoch's sums so far (over all ranks) and the CSV lines.
+struct Position {
+  int epoch = 0, batch = 0;
+  EpochStats so_far;
+  std::vector<std::string> log_lines;
+};
+
+/// The global batch a run with these settings takes at `ranks` ranks.
+inline long long global_batch(const Settings& s, int ranks) {
+  return s.global_batch > 0 ? s.global_batch : static_cast<long long>(s.batch) * ranks * s.workers;
+}
+
+/// --global-batch, or a resumed checkpoint's, split over `ranks` ranks (a global batch they do not
+/// divide is refused), and checked against an explicit --batch. Before anything is built.
+inline void resolve_batch(Settings& s, int ranks) {
+  if (!s.resume.empty()) {
+    const kdist::StateReader saved(s.resume, kCheckpointKind, kResume);
+    const long long g = saved.integer("job.global_batch");
+    if ((s.global_batch > 0 && s.global_batch != g) || (s.batch_given && s.global_batch == 0 && s.batch * ranks != g))
+      saved.refuse("job.global_batch", "the checkpoint's global batch is " + std::to_string(g) + ", this run's " +
+                                           std::to_string(global_batch(s, ranks)) +
+                                           " (leave out --batch and --global-batch to take the checkpoint's)");
+    s.global_batch = g;
+  }
+  if (s.global_batch == 0) return;
+  if (s.global_batch % ranks != 0)
+    throw kdist::InvalidArgument("fashion_mnist: a global batch of " + std::to_string(s.global_batch) +
+                                 " samples does not divide among " + std::to_string(ranks) +
+                                 " ranks; choose a rank count that divides it, or another --global-batch");
+  s.batch = static_cast<int>(s.global_batch / ranks);
+}
+
 namespace detail {
-inline std::string rank_file(const std::string& path, int rank) {
-  return path + ".rank" + std::to_string(rank);
-}
-
-template <class V>
-void put(std::string& out, const V& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  const std::size_t n = h.extent(0);
-  out.append(reinterpret_cast<const char*>(&n), sizeof n);
-  out.append(reinterpret_cast<const char*>(h.data()), n * sizeof(typename V::value_type));
-}
-
-template <class V>
-void get(std::istream& in, const V& v, const std::string& path) {
-  std::size_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), sizeof n);
-  if (!in || n != v.extent(0))
-    throw kdist::Error("fashion_mnist --resume: " + path + " does not fit this model (" + v.label() + ")");
-  auto h = Kokkos::create_mirror_view(v);
-  in.read(reinterpret_cast<char*>(h.data()), static_cast<std::streamsize>(n * sizeof(typename V::value_type)));
-  if (!in) throw kdist::Error("fashion_mnist --resume: " + path + " is truncated");
-  Kokkos::deep_copy(v, h);
+inline std::string section(const char* what, std::size_t i, const std::string& name) {
+  return std::string(what) + "." + std::to_string(i) + "." + name;
 }
 }  // namespace detail
 
-template <class P, class O>
-void save_checkpoint(const std::string& path, int rank, int next_epoch, const std::vector<P>& params, const O& sgd,
-                     const std::vector<std::string>& log_lines) {
-  std::string out = "kdist-fashion-mnist-checkpoint 1\n" + std::to_string(next_epoch) + "\n" +
-                    std::to_string(log_lines.size()) + "\n";
-  for (const auto& l : log_lines) out += l + "\n";
-  for (const auto& p : params) detail::put(out, p.value);
-  for (const auto& v : sgd.velocities()) detail::put(out, v);
-  kdist::write_file_atomically(detail::rank_file(path, rank), out, "fashion_mnist --checkpoint");
+/// The fields that identify the run, its position and sums (rank 0 builds the file).
+inline void write_job_fields(kdist::StateWriter& out, const Settings& s, int ranks, const Position& at) {
+  out.set("job.model", name_of(kModelNames, s.model));
+  out.set("job.optimizer", name_of(kOptimizerNames, s.optimizer));
+  out.set("job.reduce", name_of(kReduceNames, s.reduce));
+  out.set("job.seed", static_cast<long long>(s.seed));
+  out.set("job.global_batch", global_batch(s, ranks));
+  out.set("job.limit_batches", static_cast<long long>(s.limit_batches));
+  out.set("job.ranks", static_cast<long long>(ranks));
+  out.set("job.epoch", static_cast<long long>(at.epoch));
+  out.set("job.batch", static_cast<long long>(at.batch));
+  out.set("job.loss", at.so_far.loss);
+  out.set("job.samples", at.so_far.samples);
+  out.set("job.correct", at.so_far.correct);
+  out.set("job.seconds", at.so_far.seconds);
+  out.set("job.skipped", at.so_far.skipped);
+  out.set("job.log", at.log_lines);
 }
 
-/// Returns the epoch to continue from.
-template <class P, class O>
-int load_checkpoint(const std::string& path, const std::vector<P>& params, O& sgd,
-                    std::vector<std::string>* log_lines) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const std::string file = detail::rank_file(path, rank);
-  std::ifstream in(file, std::ios::binary);
-  std::string magic;
-  std::getline(in, magic);
-  if (!in || magic != "kdist-fashion-mnist-checkpoint 1")
-    throw kdist::Error("fashion_mnist --resume: " + file + " is missing or not a checkpoint");
-  int epoch = 0;
-  std::size_t lines = 0;
-  in >> epoch >> lines;
-  in.ignore(1);
-  log_lines->clear();
-  for (std::size_t i = 0; i < lines; ++i) {
-    std::string l;
-    std::getline(in, l);
-    log_lines->push_back(l);
+/// The position in `saved`, once its identifying fields match `s` (refused naming the field).
+inline Position read_job_fields(const kdist::StateReader& saved, const Settings& s) {
+  const auto same = [&](const char* field, const std::string& want) {
+    const std::string got = saved.text(field);
+    if (got != want) saved.refuse(field, "the checkpoint's run has " + got + ", this one " + want);
+  };
+  same("job.model", name_of(kModelNames, s.model));
+  same("job.optimizer", name_of(kOptimizerNames, s.optimizer));
+  same("job.reduce", name_of(kReduceNames, s.reduce));
+  if (saved.integer("job.seed") != static_cast<long long>(s.seed))
+    saved.refuse("job.seed", "the checkpoint's run has seed " + std::to_string(saved.integer("job.seed")) +
+                                 ", this one " + std::to_string(s.seed));
+  if (saved.integer("job.limit_batches") != s.limit_batches)
+    saved.refuse("job.limit_batches", "the checkpoint's run has " + std::to_string(saved.integer("job.limit_batches")) +
+                                          ", this one " + std::to_string(s.limit_batches));
+  Position at;
+  at.epoch = static_cast<int>(saved.integer("job.epoch"));
+  at.batch = static_cast<int>(saved.integer("job.batch"));
+  if (at.epoch < 0 || at.batch < 0) saved.refuse("job.epoch", "a negative position");
+  at.so_far = {saved.real("job.loss"), saved.real("job.samples"), saved.real("job.correct"), saved.real("job.seconds"),
+               saved.real("job.skipped")};
+  at.log_lines = saved.texts("job.log");
+  return at;
+}
+
+/// The parameters (and, with `prefix` "velocity", the momenta) as sections.
+template <class V>
+void add_tensors(kdist::StateWriter& out, const std::string& prefix, const std::vector<std::string>& names,
+                 const std::vector<V>& tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tensors[i]);
+    out.add(detail::section(prefix.c_str(), i, names[i]), h.data(), h.extent(0));
   }
-  for (const auto& p : params) detail::get(in, p.value, file);
-  for (const auto& v : sgd.velocities()) detail::get(in, v, file);
-  return epoch;
+}
+
+/// Host copies of those sections, checked against `tensors`' sizes (nothing is written back).
+template <class V>
+std::vector<typename V::HostMirror> read_tensors(const kdist::StateReader& in, const std::string& prefix,
+                                                 const std::vector<std::string>& names, const std::vector<V>& tensors) {
+  std::vector<typename V::HostMirror> out;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    auto h = Kokkos::create_mirror(Kokkos::HostSpace(), tensors[i]);
+    in.read(detail::section(prefix.c_str(), i, names[i]), h.data(), h.extent(0));
+    out.push_back(h);
+  }
+  return out;
+}
+
+/// The mean over r < ranks of the sections "<prefix>.<r>.*" (read_tensors).
+template <class V>
+std::vector<typename V::HostMirror> mean_of_ranks(const kdist::StateReader& in, const std::string& prefix, int ranks,
+                                                  const std::vector<std::string>& names,
+                                                  const std::vector<V>& tensors) {
+  auto mean = read_tensors(in, prefix + ".0", names, tensors);
+  for (int r = 1; r < ranks; ++r) {
+    const auto next = read_tensors(in, prefix + "." + std::to_string(r), names, tensors);
+    for (std::size_t i = 0; i < mean.size(); ++i)
+      for (std::size_t j = 0; j < mean[i].extent(0); ++j) mean[i](j) += next[i](j);
+  }
+  for (auto& m : mean)
+    for (std::size_t j = 0; j < m.extent(0); ++j) m(j) /= static_cast<typename V::value_type>(ranks);
+  return mean;
 }
 
 /// The parameters alone, raw, in model order (compare_models reads them).

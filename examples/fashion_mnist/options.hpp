@@ -6,7 +6,8 @@
 // add_options() declares the options a program takes, in --help's order: the workers study is
 // SGD only (its --optimizer takes sgd alone), has no K-FAC options and no --checkpoint /
 // --resume, and only it has --workers-per-rank (moved_option_hint() points a main-job user there).
-// resolve_defaults() fills the optimizer-dependent defaults (lr, momentum) after parsing.
+// resolve_defaults() fills the optimizer-dependent defaults (lr, momentum) after parsing;
+// checkpoint.hpp's resolve_batch() the per-rank batch of --global-batch or of a resumed checkpoint.
 #pragma once
 
 #include <kdist/kfac/options.hpp>
@@ -61,6 +62,10 @@ struct Settings {
   int epochs = 10, batch = 64, workers = 1, factor_every = 1, inverse_every = 10, limit_batches = 0;
   // lr and momentum < 0: the optimizer's default (sgd: 0.05 and 0.9; kfac: 0.1 and 0).
   double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
+  long long global_batch = 0;  // > 0: --global-batch (or a resumed checkpoint's); batch = global / ranks
+  bool batch_given = false;    // --batch was on the command line
+  int checkpoint_every = 0;    // also save every this many steps (0: at epoch ends only)
+  int stop_after = 0;          // > 0: end after this many steps of this run, saving the checkpoint
   std::uint64_t seed = 1;
   std::string data = kdist::nn::kFashionMnistDefaultDir, trace, log, checkpoint, resume, save_model;
   bool quiet = false, replicated_precondition = false;
@@ -126,9 +131,15 @@ inline void add_options(CLI::App& app, Settings& s, Program program) {
   }
   detail::add_choice(app, "--reduce", s.reduce, kReduceNames, "average (gradients) or adasum (parameter deltas)");
   app.add_option("--epochs", s.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", s.batch, job ? "samples per rank per step" : "samples per worker per step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  CLI::Option* batch =
+      app.add_option("--batch", s.batch, job ? "samples per rank per step" : "samples per worker per step")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str();
+  if (job)
+    app.add_option("--global-batch", s.global_batch,
+                   "samples per step over all ranks, instead of --batch: each rank takes global / ranks")
+        ->check(CLI::PositiveNumber)
+        ->excludes(batch);
   if (!job)
     app.add_option("--workers-per-rank", s.workers,
                    "simulate this many SGD workers per rank, each with its own batch (Adasum study)")
@@ -170,8 +181,16 @@ inline void add_options(CLI::App& app, Settings& s, Program program) {
   app.add_option("--trace", s.trace, "write a Chrome trace of the run (chrome://tracing, Perfetto)");
   app.add_option("--log", s.log, "write a CSV line per epoch: loss, accuracies, seconds, images/s");
   if (job) {
-    app.add_option("--checkpoint", s.checkpoint, "save the training state here after every epoch");
-    app.add_option("--resume", s.resume, "continue from a checkpoint (same options and rank count)");
+    app.add_option("--checkpoint", s.checkpoint, "save the training state to this one file after every epoch");
+    app.add_option("--checkpoint-every", s.checkpoint_every, "with --checkpoint: also save every this many steps")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    app.add_option("--stop-after", s.stop_after,
+                   "end after this many steps of this run, saving the checkpoint there (a job's time limit)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    app.add_option("--resume", s.resume,
+                   "continue from a checkpoint, at any rank count: the global batch is the checkpoint's");
   }
   app.add_option("--save-model", s.save_model, "write the final parameters (raw float32, rank 0) here");
   app.add_option("--limit-batches", s.limit_batches, "stop each epoch after this many steps (0: all)")

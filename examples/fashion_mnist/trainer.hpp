@@ -16,8 +16,8 @@
 // Trainer is the main job. A program that trains differently per step derives from it and
 // overrides step() (its shards: Settings::workers per rank, so the batches are cut into P x
 // workers shards) and apply_learning_rate(); run() and everything it prints and writes (lines,
-// CSV log, checkpoint, model, trace) stay the base's. run_program() is a whole main(): MPI and
-// Kokkos, the options (options.hpp), the data, Job(settings, data).describe() and run().
+// CSV log, checkpoint, model, trace) stay the base's; program.hpp's run_program() is the whole
+// main() around it.
 #pragma once
 
 #include <kdist/adasum/delta_optimizer.hpp>
@@ -30,7 +30,6 @@
 
 #include <mpi.h>
 #include <unistd.h>
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -50,12 +49,6 @@ using T = float;
 using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
 using Flat = Kokkos::View<T*, Mem>;
-
-inline double sum_over_ranks(double x) {
-  double y = 0;
-  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return y;
-}
 
 // One rank's batch copied to the device: rows of `images` and their labels.
 struct Batch {
@@ -137,12 +130,12 @@ class Trainer {
     return os.str();
   }
 
+  /// Trains (resuming from --resume, saving to --checkpoint). A failure on this rank reaches
+  /// every other rank with its reason (Engine::fail) before it propagates.
   void run();
 
  protected:
-  struct EpochStats {
-    double loss = 0, samples = 0, correct = 0, seconds = 0, skipped = 0;
-  };
+  using EpochStats = fmnist::EpochStats;
   /// Global batch k: this rank's shard, then the update (global: the batch's sample count).
   virtual void step(int k, int global, EpochStats& st) { reduce_and_update(train_on(k, world_.rank(), st), global); }
   /// The schedule's rate `lr` into every optimizer.
@@ -170,11 +163,22 @@ class Trainer {
   std::vector<Flat> gradient_views_;  // the parameters' gradients, writable
 
  private:
+  void train();
   int forward_backward(const Batch& b, EpochStats& st);
-  EpochStats epoch(int e, Progress& progress);
+  /// Epoch e from `from` (its step and sums so far); returns its sums over all ranks.
+  EpochStats epoch(int e, const Position& from, Progress& progress);
   void set_learning_rate(double progress);
   double test_accuracy();
-  void save(int next_epoch, const std::vector<std::string>& log_lines);
+  /// In place: every x[i] summed over the ranks (through the gradient Engine: a failed peer
+  /// raises here with its reason instead of hanging).
+  void sum_over_ranks(std::vector<double>& x);
+  /// `mine` (this rank's since `before`) summed over the ranks, added to `before`.
+  EpochStats totals(const EpochStats& mine, const EpochStats& before, double seconds);
+  void save(const Position& at);
+  Position resume();
+  std::vector<std::string> parameter_names() const;
+  /// Every rank's momentum buffers, rank after rank, each rank's concatenated (collective).
+  Flat all_ranks_velocities();
 
   const nn::FashionMnist& data_;
   nn::SGD<T, Mem> sgd_;
@@ -187,6 +191,9 @@ class Trainer {
   std::unique_ptr<adasum::DeltaOptimizer<T, Mem>> adasum_;
   nn::SoftmaxCrossEntropy<T, Mem> loss_;
   nn::Tensor2<T, Mem> dlogits_;
+  std::vector<std::string> log_lines_;  // the CSV lines so far
+  int steps_run_ = 0;                   // steps taken by this run (--stop-after)
+  bool stopped_ = false;                // --stop-after ended the run inside an epoch
 };
 
 inline int Trainer::forward_backward(const Batch& b, EpochStats& st) {
@@ -242,13 +249,13 @@ inline void Trainer::set_learning_rate(double progress) {
   apply_learning_rate(s_.lr * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-inline Trainer::EpochStats Trainer::epoch(int e, Progress& progress) {
-  EpochStats st;
+inline Trainer::EpochStats Trainer::epoch(int e, const Position& from, Progress& progress) {
+  EpochStats st;  // this rank's, since `from`
   batches_.set_epoch(e);
   const double t0 = Clock::local_now();
   int steps = batches_.batches();
   if (s_.limit_batches > 0) steps = std::min(steps, s_.limit_batches);
-  for (int k = 0; k < steps; ++k) {
+  for (int k = from.batch; k < steps; ++k) {
     set_learning_rate((e + static_cast<double>(k) / steps) / s_.epochs);
     const int global = batches_.global_size(k);
     if (global < world_.size() * s_.workers) {  // some worker would have no sample
@@ -257,13 +264,34 @@ inline Trainer::EpochStats Trainer::epoch(int e, Progress& progress) {
     }
     step(k, global, st);
     progress.update(k + 1, steps, st.samples * world_.size(), st.loss / st.samples, Clock::local_now() - t0);
+    stopped_ = s_.stop_after > 0 && ++steps_run_ == s_.stop_after;
+    if (stopped_ || (s_.checkpoint_every > 0 && (k + 1) % s_.checkpoint_every == 0 && k + 1 < steps)) {
+      const Position here{e, k + 1, totals(st, from.so_far, Clock::local_now() - t0), log_lines_};
+      save(here);
+      if (stopped_) return here.so_far;
+    }
   }
   Kokkos::fence();
-  st.seconds = Clock::local_now() - t0;
-  st.loss = sum_over_ranks(st.loss);
-  st.correct = sum_over_ranks(st.correct);
-  st.samples = sum_over_ranks(st.samples);
-  return st;
+  return totals(st, from.so_far, Clock::local_now() - t0);
+}
+
+inline void Trainer::sum_over_ranks(std::vector<double>& x) {
+  Kokkos::View<double*, Kokkos::HostSpace> v("fmnist::sums", x.size());
+  std::copy(x.begin(), x.end(), v.data());
+  grads_.allreduce(Kokkos::DefaultHostExecutionSpace(), v, comm::ReduceOp::sum, "fashion_mnist sums").wait();
+  std::copy_n(v.data(), x.size(), x.begin());
+}
+
+inline Trainer::EpochStats Trainer::totals(const EpochStats& mine, const EpochStats& before, double seconds) {
+  std::vector<double> x{mine.loss, mine.samples, mine.correct};
+  sum_over_ranks(x);
+  EpochStats all;
+  all.loss = before.loss + x[0];
+  all.samples = before.samples + x[1];
+  all.correct = before.correct + x[2];
+  all.seconds = before.seconds + seconds;
+  all.skipped = before.skipped + mine.skipped;  // the same on every rank: whole global batches
+  return all;
 }
 
 inline double Trainer::test_accuracy() {
@@ -278,35 +306,44 @@ inline double Trainer::test_accuracy() {
     correct += loss_.correct(exec, model_.forward(exec, b.x), b.y);
   }
   model_.attach(kfac_.get());
-  return sum_over_ranks(correct) / n;
-}
-
-inline void Trainer::save(int next_epoch, const std::vector<std::string>& log_lines) {
-  if (s_.checkpoint.empty()) return;
-  save_checkpoint(s_.checkpoint, world_.rank(), next_epoch, model_.parameters(), sgd_, log_lines);
-  if (kfac_) kfac_->save(s_.checkpoint + ".kfac");
+  std::vector<double> x{correct};
+  sum_over_ranks(x);
+  return x[0] / n;
 }
 
 inline void Trainer::run() {
-  int first_epoch = 0;
-  std::vector<std::string> log_lines;
-  if (!s_.resume.empty()) {
-    first_epoch = load_checkpoint(s_.resume, model_.parameters(), sgd_, &log_lines);
-    if (kfac_) kfac_->load(s_.resume + ".kfac");
+  try {
+    train();
+  } catch (...) {  // tell the peers why, before the Engines go (docs/comm.md, fail)
+    grads_.fail(std::current_exception());
+    if (kfac_engine_) kfac_engine_->fail(std::current_exception());
+    throw;
   }
+}
+
+inline void Trainer::train() {
+  const Position start = s_.resume.empty() ? Position{} : resume();
+  log_lines_ = start.log_lines;
   const bool root = world_.rank() == 0;
   Progress progress(root && !s_.quiet && isatty(STDOUT_FILENO));
   double total_seconds = 0, last_test = 0;
-  for (int e = first_epoch; e < s_.epochs; ++e) {
+  for (int e = start.epoch; e < s_.epochs; ++e) {
     progress.start("epoch " + std::to_string(e + 1) + "/" + std::to_string(s_.epochs));
-    const EpochStats st = epoch(e, progress);
+    const EpochStats st = epoch(e, e == start.epoch ? start : Position{e, 0, {}, {}}, progress);
+    if (stopped_) {
+      progress.finish();
+      if (root && !s_.quiet)
+        std::printf("stopped after %d step(s) of this run, in epoch %d%s\n", steps_run_, e + 1,
+                    s_.checkpoint.empty() ? "" : (": resume with --resume " + s_.checkpoint).c_str());
+      break;
+    }
     last_test = test_accuracy();
     total_seconds += st.seconds;
     const double ips = st.samples / st.seconds;
     char line[256];
     std::snprintf(line, sizeof line, "%d,%.6f,%.4f,%.4f,%.3f,%.0f", e + 1, st.loss / st.samples,
                   st.correct / st.samples, last_test, st.seconds, ips);
-    log_lines.push_back(line);
+    log_lines_.push_back(line);
     progress.finish();
     if (root && !s_.quiet)
       std::printf(
@@ -318,11 +355,15 @@ inline void Trainer::run() {
     std::fflush(stdout);
     if (root && !s_.log.empty()) {
       std::string csv = "epoch,loss,train_accuracy,test_accuracy,seconds,images_per_second\n";
-      for (const auto& l : log_lines) csv += l + "\n";
+      for (const auto& l : log_lines_) csv += l + "\n";
       write_file_atomically(s_.log, csv, (std::string(program_name(s_.program)) + " --log").c_str());
     }
-    save(e + 1, log_lines);
+    save(Position{e + 1, 0, {}, log_lines_});
   }
+  // Every rank agrees that training ended well before the rank-0-only outputs and the trace's
+  // plain MPI gather (a peer's failure raises here, with its reason).
+  grads_.finish();
+  if (kfac_engine_) kfac_engine_->finish();
   if (!s_.trace.empty()) write_trace(s_.trace, timeline_);
   if (root && kfac_ && !s_.quiet) {
     const kfac::Stats k = kfac_->stats();
@@ -332,52 +373,12 @@ inline void Trainer::run() {
         k.factor_compute, k.factor_comm_exposed, k.inverse_compute, k.inverse_comm_exposed, k.precondition);
   }
   if (root && !s_.save_model.empty()) save_model(s_.save_model, model_.parameters());
-  if (root)
+  if (root && !stopped_)
     std::printf("test accuracy %.2f %% after %d epoch(s), %.1f s of training%s%s\n", 100 * last_test, s_.epochs,
                 total_seconds, s_.log.empty() ? "" : (", log " + s_.log).c_str(),
                 s_.trace.empty() ? "" : (", trace " + s_.trace).c_str());
 }
 
-/// A whole main(): Job is Trainer or derived from it; `title` heads --help. Returns the exit code.
-template <class Job>
-int run_program(int argc, char** argv, Program program, const char* title) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rc = 0;
-  {
-    Kokkos::ScopeGuard kokkos(argc, argv);
-    CLI::App app{title};
-    Settings s;
-    // An option given twice takes the last value, so a wrapper's defaults (scripts/demo.sh) can be
-    // overridden by arguments appended after them.
-    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    add_options(app, s, program);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    bool train = true;
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {  // --help, an unknown option or a bad value
-      train = false;
-      rc = rank == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
-      const std::string hint = moved_option_hint(program, argc, argv);
-      if (rank == 0 && !hint.empty()) std::fprintf(stderr, "%s\n", hint.c_str());
-    }
-    if (train) {
-      resolve_defaults(s);
-      try {
-        const nn::FashionMnist data = nn::load_fashion_mnist(s.data);
-        Job job(s, data);
-        if (rank == 0 && !s.quiet) std::printf("%s\n", job.describe().c_str());
-        job.run();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s (rank %d): %s\n", program_name(program), rank, e.what());
-        rc = 1;
-      }
-    }
-  }
-  MPI_Finalize();
-  return rc;
-}
-
 }  // namespace fmnist
+
+#include "trainer_state.hpp"

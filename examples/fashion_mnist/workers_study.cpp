@@ -3,7 +3,7 @@
 // Worker w of rank r reads shard r x K + w of every global batch of P x K x batch samples; the rest
 // (options, model, data, log, output) is the main job's (trainer.hpp, options.hpp). SGD only, no
 // checkpoints. K = 1 is the main job with --optimizer sgd.
-#include "trainer.hpp"
+#include "program.hpp"
 #include "workers.hpp"
 
 namespace {

@@ -1,0 +1,92 @@
+// The whole main() of the main job and of the workers study: MPI and Kokkos, the options
+// (options.hpp), the per-rank batch (checkpoint.hpp's resolve_batch), the data, then
+// Job(settings, data).describe() and run(). Every rank that ends with an error prints it, naming
+// itself, and returns 1; a failure before the Engines exist (a bad option value, a missing data
+// set or checkpoint on one rank) still reaches every rank, with the first failing rank's reason.
+#pragma once
+
+#include <mpi.h>
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "trainer.hpp"
+
+namespace fmnist {
+
+/// Runs `start` on every rank, then every rank learns whether any failed: a failing rank rethrows
+/// its own exception, the others throw kdist::Error with the lowest failing rank's message.
+/// Collective over MPI_COMM_WORLD (no Engine exists yet).
+inline void agree_on_start(const std::function<void()>& start) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::exception_ptr error;
+  std::string text;
+  try {
+    start();
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    text = e.what();
+  }
+  int first = error ? rank : INT_MAX;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT_MAX) return;
+  int length = static_cast<int>(text.size());
+  MPI_Bcast(&length, 1, MPI_INT, first, MPI_COMM_WORLD);
+  text.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(text.data(), length, MPI_CHAR, first, MPI_COMM_WORLD);
+  if (error) std::rethrow_exception(error);
+  throw kdist::Error("rank " + std::to_string(first) + " failed before training: " + text);
+}
+
+/// A whole main(): Job is Trainer or derived from it; `title` heads --help. Returns the exit code.
+template <class Job>
+int run_program(int argc, char** argv, Program program, const char* title) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    CLI::App app{title};
+    Settings s;
+    // An option given twice takes the last value, so a wrapper's defaults (scripts/demo.sh) can be
+    // overridden by arguments appended after them.
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_options(app, s, program);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    bool train = true;
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {  // --help, an unknown option or a bad value
+      train = false;
+      rc = rank == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 2 : 0);
+      const std::string hint = moved_option_hint(program, argc, argv);
+      if (rank == 0 && !hint.empty()) std::fprintf(stderr, "%s\n", hint.c_str());
+    }
+    if (train) {
+      resolve_defaults(s);
+      s.batch_given = app.count("--batch") > 0;
+      try {
+        nn::FashionMnist data;
+        agree_on_start([&] {
+          resolve_batch(s, size);
+          data = nn::load_fashion_mnist(s.data);
+        });
+        Job job(s, data);
+        if (rank == 0 && !s.quiet) std::printf("%s\n", job.describe().c_str());
+        job.run();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s (rank %d): %s\n", program_name(program), rank, e.what());
+        rc = 1;
+      }
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace fmnist
