@@ -1,0 +1,71 @@
+#include <kdist/torch/gradient_reducer.hpp>
+#include <kdist/torch/tensor_view.hpp>
+
+namespace kdist {
+namespace torch {
+
+namespace {
+using Exec = Kokkos::DefaultExecutionSpace;
+}
+
+GradientReducer::GradientReducer(::torch::nn::Module& model, comm::Engine& engine, Reduce reduce)
+    : engine_(engine), reduce_(reduce) {
+  std::vector<typename comm::FusedAllreducer<float, Mem>::Tensor> tensors;
+  std::vector<Kokkos::View<float*, Mem>> values;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    names_.push_back(item.key());
+    params_.push_back(item.value());
+    values.push_back(flat_view_of<float, Mem>(item.value(), item.key()));
+    tensors.push_back({item.key(), static_cast<std::size_t>(item.value().numel()), false});
+  }
+  if (params_.empty())
+    kdist::impl::throw_invalid("kdist::torch::GradientReducer",
+                               "the model (" + model.name() + ") has no parameter that requires a gradient");
+  if (reduce_ == Reduce::average)
+    fused_ = std::make_unique<comm::FusedAllreducer<float, Mem>>(engine_, tensors);
+  else
+    adasum_ = std::make_unique<adasum::DeltaOptimizer<float, Mem>>(engine_, values);
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::refuse(const std::string& message) {
+  const InvalidArgument error(message);
+  engine_.fail(error);
+  throw error;
+}
+
+std::vector<Kokkos::View<float*, GradientReducer::Mem>> GradientReducer::gradients(const char* operation) {
+  std::vector<Kokkos::View<float*, Mem>> grads;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor g = params_[i].grad();
+    if (!g.defined())
+      refuse(std::string("kdist::torch::GradientReducer::") + operation + ": " + names_[i] +
+             " has no gradient: call backward() first, and use every parameter (rank " +
+             std::to_string(engine_.rank()) + ")");
+    try {
+      grads.push_back(flat_view_of<float, Mem>(g, names_[i] + " gradient"));
+    } catch (const InvalidArgument& e) {
+      refuse(e.what());
+    }
+  }
+  return grads;
+}
+
+void GradientReducer::allreduce() {
+  if (!fused_) refuse("kdist::torch::GradientReducer::allreduce: this reducer combines by Adasum: call step()");
+  const auto grads = gradients("allreduce");
+  Exec exec;
+  fused_->begin();
+  for (std::size_t i = 0; i < grads.size(); ++i) fused_->ready(exec, static_cast<int>(i), grads[i]);
+  fused_->wait(exec);
+}
+
+void GradientReducer::step(const std::function<void()>& local_step) {
+  if (!adasum_) refuse("kdist::torch::GradientReducer::step: this reducer averages: call allreduce()");
+  adasum_->step(Exec(), gradients("step"), local_step);
+}
+
+}  // namespace torch
+}  // namespace kdist

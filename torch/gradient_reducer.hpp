@@ -1,0 +1,65 @@
+// Gradient reduction over a LibTorch model's parameters, the way Horovod's DistributedOptimizer
+// does it: averaged in one fused all-reduce (comm::FusedAllreducer, kdist's pipelined buckets),
+// or Adasum over the optimizer's parameter deltas (adasum::DeltaOptimizer, Horovod's op=Adasum).
+//
+//   kdist::comm::Engine engine(world);
+//   kdist::torch::GradientReducer reducer(*model, engine);           // average
+//   loss.backward(); reducer.allreduce(); optimizer.step();
+//
+//   kdist::torch::GradientReducer reducer(*model, engine, kdist::torch::Reduce::adasum);
+//   loss.backward(); reducer.step([&] { kfac.step(); optimizer.step(); });
+//
+// The parameters are the model's that require gradients, in named_parameters() order, float32,
+// contiguous, on the view's device (tensor_view.hpp); their .grad() is reduced in place, no copy
+// out of the tensors. allreduce() averages: each rank's loss must be the mean over equal shares
+// of the global batch (weight it otherwise). Errors (a parameter without a gradient, another
+// dtype or device) are an InvalidArgument naming the parameter and the rank; the Engine fails so
+// the other ranks raise comm::RemoteError with it instead of hanging.
+#pragma once
+
+#include <kdist/adasum/delta_optimizer.hpp>
+#include <kdist/comm/fused_allreducer.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kdist {
+namespace torch {
+
+enum class Reduce { average, adasum };
+
+class GradientReducer {
+ public:
+  using Mem = Kokkos::DefaultExecutionSpace::memory_space;
+
+  /// `model` (its parameters) and `engine` are borrowed and must outlive the reducer.
+  GradientReducer(::torch::nn::Module& model, comm::Engine& engine, Reduce reduce = Reduce::average);
+  ~GradientReducer();
+
+  /// Reduce::average: every parameter's .grad() := its mean over the ranks.
+  void allreduce();
+  /// Reduce::adasum: `local_step` moves this rank's parameters (the optimizer's step); then the
+  /// ranks' parameter deltas are combined by Adasum and every rank holds the result.
+  void step(const std::function<void()>& local_step);
+
+  Reduce reduce() const noexcept { return reduce_; }
+  std::size_t parameters() const noexcept { return params_.size(); }
+
+ private:
+  [[noreturn]] void refuse(const std::string& message);
+  std::vector<Kokkos::View<float*, Mem>> gradients(const char* operation);
+
+  comm::Engine& engine_;
+  Reduce reduce_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<comm::FusedAllreducer<float, Mem>> fused_;
+  std::unique_ptr<adasum::DeltaOptimizer<float, Mem>> adasum_;
+};
+
+}  // namespace torch
+}  // namespace kdist
