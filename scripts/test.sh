@@ -4,6 +4,7 @@
 # (scripts/sanitize.sh: build-asan/, the serial and 2-rank tests under ASan + UBSan). Exits
 # non-zero if either run fails.
 source "$(dirname "$0")/common.sh"
+KDIST_PACKAGES+=(libtorch-dev)  # the optional kdist::torch module, its tests and example
 kdist_install_packages
 kdist_build
 rc=0

@@ -165,9 +165,21 @@ class Job {
       });
       return;
     }
-    reducer_.allreduce();
+    if (s_.reduce == "mpi")
+      mpi_average();
+    else
+      reducer_.allreduce();
     if (kfac_) kfac_->step();
     sgd_.step();
+  }
+
+  /// --reduce mpi, the baseline without kdist: one blocking MPI_Allreduce per gradient tensor.
+  void mpi_average() {
+    for (const auto& p : model_->parameters()) {
+      at::Tensor g = p.grad();
+      MPI_Allreduce(MPI_IN_PLACE, g.data_ptr<float>(), static_cast<int>(g.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      g.div_(world_.size());
+    }
   }
 
   double test_accuracy() {
@@ -240,8 +252,10 @@ int main(int argc, char** argv) {
     app.add_option("--optimizer", s.optimizer, "sgd or kfac")
         ->check(CLI::IsMember({"sgd", "kfac"}))
         ->capture_default_str();
-    app.add_option("--reduce", s.reduce, "average or adasum")
-        ->check(CLI::IsMember({"average", "adasum"}))
+    app.add_option("--reduce", s.reduce,
+                   "average or adasum (kdist::torch::GradientReducer), or mpi: one MPI_Allreduce per gradient, "
+                   "the baseline without kdist")
+        ->check(CLI::IsMember({"average", "adasum", "mpi"}))
         ->capture_default_str();
     app.add_option("--epochs", s.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--batch", s.batch, "samples per rank per step")->check(CLI::PositiveNumber)->capture_default_str();

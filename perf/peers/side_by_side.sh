@@ -6,15 +6,17 @@
 #
 #   perf/peers/side_by_side.sh [--rounds 3] [--steps 300] [--ranks 2] [--batch 64]
 #       [--rows "mlp:sgd mlp:kfac cnn:sgd cnn:kfac"] [--kfac-pytorch DIR] [--kdist-only]
-#       [--build build] [--json FILE]
+#       [--build build] [--job PATH] [--json FILE]
 #
+# --job measures another program with the main job's options in kdist's place: the LibTorch
+# example (build/examples/torch_fashion_mnist) for kdist::torch against the same peers.
 # Without --kfac-pytorch the K-FAC rows run kdist alone and say why; without torch (Debian's
 # python3-torch) every row does. kdist's figure is its epoch's images/s over --steps steps
 # (first step included); the peer's leaves out its first 10 steps: both err against kdist.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 rounds=3 steps=300 ranks=2 batch=64 rows="mlp:sgd mlp:kfac cnn:sgd cnn:kfac"
-kfac_dir="" kdist_only=0 build="$root/build" json=""
+kfac_dir="" kdist_only=0 build="$root/build" json="" job=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
@@ -25,14 +27,15 @@ while [ $# -gt 0 ]; do
     --kfac-pytorch) kfac_dir="$2"; shift 2 ;;
     --kdist-only) kdist_only=1; shift ;;
     --build) build="$2"; shift 2 ;;
+    --job) job="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "side_by_side.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 data=/usr/share/datasets/fashion-mnist
 [ -d "$data" ] || { echo "side_by_side.sh: no Fashion-MNIST in $data (sudo apt-get install dataset-fashion-mnist)" >&2; exit 77; }
-job="$build/examples/fashion_mnist"
+job="${job:-$build/examples/fashion_mnist}"
 [ -x "$job" ] || { echo "side_by_side.sh: $job not built (cmake --build $build)" >&2; exit 2; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 python=/usr/bin/python3
