@@ -188,6 +188,15 @@ TEST_CASE("kfac: a damaged or foreign state is refused on every rank, naming the
     CHECK_THROWS_WITH(other.load(good), Catch::Contains("field 'dtype' (byte ") &&
                                             Catch::Contains("the state holds float64, this preconditioner is float32"));
   }
+  SECTION("other options: this run's apply, and describe() names what the state was saved with") {
+    Options other_options = o;
+    other_options.damping = 0.1;
+    comm::Engine other_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> other(other_engine, layers, other_options);
+    other.load(good);
+    CHECK(other.steps() == 2);
+    CHECK_THAT(other.describe(), Catch::Contains("saved with damping 0.05 (this run: 0.1)"));
+  }
   SECTION("nothing changed: the refused preconditioner trains like a fresh one") {
     refused([](std::string& all) { all[all.size() - 5] ^= 4; });
     CHECK(train(kfac, layers, 0, 1) == fresh_updates);

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <kdist/nn/conv2d.hpp>
 #include <kdist/nn/dense.hpp>
 #include <kdist/nn/loss.hpp>
 #include <kdist/torch/gradient_reducer.hpp>
@@ -161,6 +162,50 @@ TEST_CASE("torch: K-FAC on torch::nn::Linear equals the nn/ path", "[torch]") {
   CHECK(max_relative(values(model->fc1->bias.grad()), values_of(d1.gradient().bias)) < 1e-5);
   CHECK(max_relative(values(model->fc2->weight.grad()), values_of(d2.gradient().weight)) < 1e-5);
   CHECK(max_relative(values(model->fc2->bias.grad()), values_of(d2.gradient().bias)) < 1e-5);
+}
+
+// The same for a torch::nn::Conv2d (3x3, padding 1, bias) against nn::Conv2d: its output,
+// flattened, is the logits of a mean cross-entropy.
+TEST_CASE("torch: K-FAC on torch::nn::Conv2d equals the nn/ path", "[torch]") {
+  ::torch::manual_seed(5);
+  struct ConvNet : ::torch::nn::Module {
+    ConvNet() : conv(register_module("conv", ::torch::nn::Conv2d(::torch::nn::Conv2dOptions(2, 3, 3).padding(1)))) {}
+    ::torch::nn::Conv2d conv;
+  };
+  auto model = std::make_shared<ConvNet>();
+  const at::Tensor x = ::torch::randn({4, 2, 5, 6});
+  const at::Tensor y = ::torch::randint(0, 90, {4}, ::torch::kLong);
+  kdist::comm::Engine torch_engine{kdist::comm::Communicator(MPI_COMM_SELF)};
+  kdist::torch::KFAC kfac(*model, torch_engine, options());
+  at::Tensor loss = ::torch::nn::functional::cross_entropy(kfac.forward(model->conv, x).flatten(1), y);
+  loss.backward();
+  kfac.step();
+
+  kdist::comm::Engine nn_engine{kdist::comm::Communicator(MPI_COMM_SELF)};
+  kdist::nn::Conv2d<float, Kokkos::HostSpace> conv(2, 3, 3, 3, 1, 1, true);
+  kdist::kfac::Preconditioner<float, Kokkos::HostSpace> nn_kfac(nn_engine, {conv.kfac_layer()}, options());
+  conv.attach(&nn_kfac, 0);
+  Kokkos::deep_copy(conv.weight(),
+                    kdist::torch::view_of<float**, Kokkos::HostSpace>(model->conv->weight.detach().view({3, -1}), "w"));
+  Kokkos::deep_copy(conv.bias(), kdist::torch::view_of<float*, Kokkos::HostSpace>(model->conv->bias.detach(), "b"));
+  Kokkos::DefaultHostExecutionSpace exec;
+  kdist::nn::Tensor4<float, Kokkos::HostSpace> out("out", 4, 3, 5, 6), dout("dout", 4, 3, 5, 6);
+  conv.forward(exec, kdist::torch::view_of<float****, Kokkos::HostSpace>(x, "x"), out);
+  Kokkos::View<int*, Kokkos::HostSpace> yv("y", 4);
+  for (int i = 0; i < 4; ++i) yv(i) = static_cast<int>(y[i].item<int64_t>());
+  kdist::nn::SoftmaxCrossEntropy<float, Kokkos::HostSpace> ce;
+  CHECK(std::abs(ce.forward(exec, kdist::nn::ConstTensor2<float, Kokkos::HostSpace>(out.data(), 4, 90), yv) -
+                 loss.item<double>()) < 1e-5);
+  ce.backward(exec, kdist::nn::Tensor2<float, Kokkos::HostSpace>(dout.data(), 4, 90));
+  conv.backward(exec, dout);
+  nn_kfac.step(exec, {conv.gradient()});
+
+  for (int f = 0; f < 2; ++f) {
+    INFO("factor " << f);
+    CHECK(max_relative(values_of(kfac.preconditioner().factor(f)), values_of(nn_kfac.factor(f))) < 1e-5);
+  }
+  CHECK(max_relative(values(model->conv->weight.grad()), values_of(conv.gradient().weight)) < 1e-5);
+  CHECK(max_relative(values(model->conv->bias.grad()), values_of(conv.gradient().bias)) < 1e-5);
 }
 
 // Every rank its own data, the gradients averaged (or the deltas combined by Adasum), K-FAC,

@@ -37,6 +37,7 @@ void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) 
   counters.have_inverses = have_inverses_;
   counters.owners = placement_.owner;
   counters.fusion_groups = fused_->plan().group_end;
+  counters.options = impl::saved_options(options_);
   impl::write_state_fields(out, prefix, state_shape(), counters);
   for (const FactorSlot& slot : factor_slots_)
     for (const bool inverse : {false, true}) {
@@ -71,8 +72,9 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   step_ = c.step;
   factor_steps_ = c.factor_steps;
   have_inverses_ = c.have_inverses;
-  const std::string at =
-      r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) + " rank(s))";
+  const std::string changed = impl::option_differences(c, options_);  // this run's options apply
+  const std::string at = r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) +
+                         " rank(s)" + (changed.empty() ? "" : "; saved with " + changed) + ")";
   if (c.ranks != engine_.size()) {
     replan_after_ = c.replan_after < 0 ? factor_steps_ : c.replan_after;
     restored_ = "restored from " + at + ": placement, preconditioning split and fusion plan made for " +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <sstream>
 
 namespace kdist {
 namespace kfac {
@@ -34,6 +35,24 @@ long long count_in(const StateReader& in, const std::string& name, long long lo)
 }
 }  // namespace
 
+std::vector<std::pair<std::string, double>> saved_options(const Options& o) {
+  return {{"damping", o.damping},           {"factor_decay", o.factor_decay},
+          {"factor_every", o.factor_every}, {"inverse_every", o.inverse_every},
+          {"kl_clip", o.kl_clip},           {"lr", o.lr}};
+}
+
+std::string option_differences(const StateCounters& saved, const Options& running) {
+  std::string text;
+  for (const auto& [name, now] : saved_options(running))
+    for (const auto& [saved_name, then] : saved.options)
+      if (saved_name == name && then != now) {
+        std::ostringstream os;
+        os << (text.empty() ? "" : ", ") << name << " " << then << " (this run: " << now << ")";
+        text += os.str();
+      }
+  return text;
+}
+
 void write_state_fields(StateWriter& out, const std::string& p, const StateShape& shape, const StateCounters& c) {
   out.set(p + "dtype", std::string(to_string(shape.dtype)));
   out.set(p + "layers", shape.layers);
@@ -45,6 +64,7 @@ void write_state_fields(StateWriter& out, const std::string& p, const StateShape
   out.set_flag(p + "have_inverses", c.have_inverses);
   out.set(p + "owners", widen(c.owners));
   out.set(p + "fusion_groups", widen(c.fusion_groups));
+  for (const auto& [name, value] : c.options) out.set(p + "options." + name, value);
 }
 
 StateCounters read_state_fields(const StateReader& in, const std::string& p, const StateShape& shape) {
@@ -62,6 +82,8 @@ StateCounters read_state_fields(const StateReader& in, const std::string& p, con
   c.factor_steps = count_in(in, p + "factor_steps", 0);
   c.replan_after = count_in(in, p + "replan_after", -1);
   c.have_inverses = in.flag(p + "have_inverses");
+  for (const auto& [name, ignored] : saved_options(Options{}))
+    c.options.push_back({name, in.real(p + "options." + name)});
   if (c.ranks != shape.ranks) return c;  // another rank count: this run keeps its own plans
   const int factors = static_cast<int>(shape.dims.size());
   c.owners = ints_in(in, p + "owners", -1, shape.ranks - 1);

@@ -2,7 +2,8 @@
 // what the file says besides the factor and inverse sections, written and checked here once.
 //
 //   <prefix>dtype, layers (describe() per layer), dims (per factor), ranks (P when saved),
-//   step, factor_steps, replan_after, have_inverses, owners (per factor, -1: NCT), fusion_groups
+//   step, factor_steps, replan_after, have_inverses, owners (per factor, -1: NCT), fusion_groups,
+//   options.<name> (damping, factor_decay, factor_every, inverse_every, kl_clip, lr: what it ran with)
 //   sections <prefix>factor.<label> and <prefix>inverse.<label>: d x d, column-major
 //
 // read_state_fields refuses (InvalidArgument naming the file, the field and its byte offset) a
@@ -13,6 +14,7 @@
 
 #include <kdist/core/dtype.hpp>
 #include <kdist/core/state_file.hpp>
+#include <kdist/kfac/options.hpp>
 
 #include <string>
 #include <vector>
@@ -34,7 +36,14 @@ struct StateCounters {
   long long step = 0, factor_steps = 0, replan_after = 0;
   bool have_inverses = false;
   std::vector<int> owners, fusion_groups;  ///< read only when ranks is the running count
+  /// The options it ran with, by name (saved_options), for describe() to compare.
+  std::vector<std::pair<std::string, double>> options;
 };
+
+/// The options a state records, by name.
+std::vector<std::pair<std::string, double>> saved_options(const Options& o);
+/// "damping 0.3 (this run: 0.2), ..." for each saved option that differs from `running`, or "".
+std::string option_differences(const StateCounters& saved, const Options& running);
 
 void write_state_fields(StateWriter& out, const std::string& prefix, const StateShape& shape,
                         const StateCounters& counters);
