@@ -1,5 +1,7 @@
 // Factor products A = X^T X * scale (K-FAC's Kronecker factors) and a gemm that takes the
-// execution-space instance on both Kokkos Kernels 3.4 and 4.x.
+// execution-space instance on both Kokkos Kernels 3.4 and 4.x. A FactorUpdate says how the
+// product lands in A: replacing it in full (symmetric), or blended into its upper triangle as a
+// running average (K-FAC's, inside the one syrk: no fresh factor, no blend pass, no mirror).
 #pragma once
 
 #include <kdist/config.hpp>
@@ -9,6 +11,7 @@
 
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #if KDIST_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
@@ -46,14 +49,36 @@ struct Syrk<Kokkos::Cuda, T, void> {
 
 }  // namespace impl
 
+/// How factor_product writes its product F = scale * X^T X into A.
+class FactorUpdate {
+ public:
+  /// A := F, in full symmetric storage (the default).
+  static FactorUpdate replace() { return FactorUpdate(0.0, false); }
+  /// The upper triangle of A := keep * A + (1 - keep) * F; the strictly lower triangle is neither
+  /// read nor written. keep in [0, 1), else InvalidArgument.
+  static FactorUpdate running_average(double keep) {
+    if (!(keep >= 0 && keep < 1))
+      impl::throw_invalid("kdist::FactorUpdate::running_average", "keep " + std::to_string(keep) + " is not in [0, 1)");
+    return FactorUpdate(keep, true);
+  }
+  double keep() const noexcept { return keep_; }
+  bool upper_only() const noexcept { return upper_only_; }
+
+ private:
+  FactorUpdate(double keep, bool upper_only) : keep_(keep), upper_only_(upper_only) {}
+  double keep_;
+  bool upper_only_;
+};
+
 /// A = scale * X^T X for X of shape rows x d (LayoutLeft or LayoutRight, read in place).
 /// With `bias`, A is (d+1) x (d+1) and equals scale * [X 1]^T [X 1]: the extra row/column holds
 /// scale times the column sums of X and the corner holds scale * rows (1 for scale = 1/rows).
-/// No ones column is materialised. A is LayoutLeft, full symmetric storage, and must not share
-/// storage with X (InvalidArgument, X untouched).
+/// No ones column is materialised. A is LayoutLeft, full symmetric storage (or, with
+/// FactorUpdate::running_average, the upper triangle blended), and must not share storage with X
+/// (InvalidArgument, X untouched).
 template <class ExecSpace, class XView, class AView>
 void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typename AView::non_const_value_type scale,
-                    bool bias = false) {
+                    bool bias = false, const FactorUpdate& update = FactorUpdate::replace()) {
   using T = typename AView::non_const_value_type;
   using XLayout = typename XView::array_layout;
   constexpr const char* func = "kdist::factor_product";
@@ -75,37 +100,41 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
                                   std::to_string(n) + " for X " + impl::describe(X) + (bias ? " with bias" : ""));
   impl::require_disjoint(func, X, A);
   if (n == 0) return;
+  // F lands as alpha X^T X + beta A: syrk's own beta, so the blend costs no pass of its own.
+  const T alpha = static_cast<T>((1.0 - update.keep()) * static_cast<double>(scale));
+  const T beta = static_cast<T>(update.keep());
   const int ldc = std::max<int>(1, static_cast<int>(A.stride(1)));
   if (d > 0) {
     if (std::is_same<XLayout, Kokkos::LayoutLeft>::value) {
       // X is column-major rows x d: A = X^T X is syrk('T').
       const int lda = std::max<int>(1, static_cast<int>(X.stride(1)));
-      impl::Syrk<ExecSpace, T>::run(exec, 'T', d, rows, scale, X.data(), std::max(lda, rows), T(0), A.data(), ldc);
+      impl::Syrk<ExecSpace, T>::run(exec, 'T', d, rows, alpha, X.data(), std::max(lda, rows), beta, A.data(), ldc);
     } else {
       // X row-major is X^T column-major (d x rows): A = (X^T)(X^T)^T is syrk('N').
       const int lda = std::max<int>(std::max(1, d), static_cast<int>(X.stride(0)));
-      impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, scale, X.data(), lda, T(0), A.data(), ldc);
+      impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, alpha, X.data(), lda, beta, A.data(), ldc);
     }
   }
   if (bias) {
-    // Upper part of the bias column (scaled column sums of X) and the corner.
+    // Upper part of the bias column (scaled column sums of X) and the corner; with beta 0 the
+    // old A is not read (it may hold anything), as in BLAS.
     Kokkos::parallel_for(
         "kdist::factor_product::bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          T sum = static_cast<T>(rows);
           if (j < d) {
-            T sum = 0;
+            sum = 0;
             for (int r = 0; r < rows; ++r) sum += X(r, j);
-            A(j, d) = scale * sum;
-          } else {
-            A(d, d) = scale * static_cast<T>(rows);
           }
+          A(j, d) = beta == T(0) ? alpha * sum : beta * A(j, d) + alpha * sum;
         });
   }
-  mirror_upper_to_lower(exec, A);
+  if (!update.upper_only()) mirror_upper_to_lower(exec, A);
 }
 
 template <class XView, class AView>
-void factor_product(const XView& X, const AView& A, typename AView::non_const_value_type scale, bool bias = false) {
-  factor_product(typename AView::execution_space{}, X, A, scale, bias);
+void factor_product(const XView& X, const AView& A, typename AView::non_const_value_type scale, bool bias = false,
+                    const FactorUpdate& update = FactorUpdate::replace()) {
+  factor_product(typename AView::execution_space{}, X, A, scale, bias, update);
 }
 
 /// C := alpha op(A) op(B) + beta C through Kokkos Kernels, on `exec` (3.4 has no instance

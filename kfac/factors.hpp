@@ -10,7 +10,9 @@
 //                   over the batch), so the layer block is A⊗G as in Grosse & Martens.
 // Views: X / dY of a Dense layer rank 2 (rows x inputs / rows x outputs), LayoutLeft or
 // LayoutRight, read in place; of a Conv2d layer NCHW rank 4, any layout. A and G are LayoutLeft,
-// a_dim² / g_dim², written in full (symmetric). Every product goes through factor_product.
+// a_dim² / g_dim², written in full (symmetric), or with FactorUpdate::running_average(keep) (the
+// last argument) only their upper triangle blended as keep·old + (1 - keep)·new. Every product
+// goes through factor_product.
 // Errors: a layer of the other kind, extents that do not fit the layer, an empty batch or a
 // factor sharing storage with its input throw InvalidArgument naming the operation, the layer
 // (Layer::describe), the view's label and extents and the expected ones; the factor is untouched.
@@ -133,26 +135,28 @@ constexpr void static_check_workspace() {
 
 /// A = āᵀā / n for the n x inputs activations X of a Dense layer (ā = [X 1] with a bias).
 template <class ExecSpace, class XView, class AView>
-void dense_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A) {
+void dense_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A,
+                    const FactorUpdate& update = FactorUpdate::replace()) {
   constexpr const char* func = "kdist::kfac::dense_a_factor";
   static_assert(compat::view_rank<XView>() == 2, "kdist::kfac::dense_a_factor: X must be rank 2");
   impl::check_layer_views<ExecSpace>(func, layer, LayerKind::dense, X, layer.inputs(), "rows x inputs", A,
                                      layer.a_dim());
   Phase phase(func);
   using T = typename AView::non_const_value_type;
-  factor_product(exec, X, A, static_cast<T>(1.0 / static_cast<double>(X.extent(0))), layer.bias());
+  factor_product(exec, X, A, static_cast<T>(1.0 / static_cast<double>(X.extent(0))), layer.bias(), update);
 }
 
 /// G = n·dYᵀdY for the n x outputs gradient dY of the mean loss at a Dense layer's output.
 template <class ExecSpace, class YView, class GView>
-void dense_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, const GView& G) {
+void dense_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, const GView& G,
+                    const FactorUpdate& update = FactorUpdate::replace()) {
   constexpr const char* func = "kdist::kfac::dense_g_factor";
   static_assert(compat::view_rank<YView>() == 2, "kdist::kfac::dense_g_factor: dY must be rank 2");
   impl::check_layer_views<ExecSpace>(func, layer, LayerKind::dense, dY, layer.outputs(), "rows x outputs", G,
                                      layer.g_dim());
   Phase phase(func);
   using T = typename GView::non_const_value_type;
-  factor_product(exec, dY, G, static_cast<T>(dY.extent(0)), false);
+  factor_product(exec, dY, G, static_cast<T>(dY.extent(0)), false, update);
 }
 
 /// A = āᵀā / (B·S) from the patches that kdist::im2col formed for the geometry g of a Conv2d
@@ -161,7 +165,8 @@ void dense_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, 
 /// then the bias row comes out of the one syrk instead of a pass over the patches.
 template <class ExecSpace, class PView, class AView>
 void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, const Conv2dGeometry& g,
-                                  const PView& patches, const AView& A) {
+                                  const PView& patches, const AView& A,
+                                  const FactorUpdate& update = FactorUpdate::replace()) {
   constexpr const char* func = "kdist::kfac::conv2d_a_factor_from_patches";
   static_assert(compat::view_rank<PView>() == 2, "kdist::kfac::conv2d_a_factor_from_patches: patches are rank 2");
   kdist::impl::static_check_view<ExecSpace, PView>();
@@ -185,13 +190,14 @@ void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, con
       kdist::impl::throw_invalid(func, std::to_string(not_one) + " entries of the patches' last column " +
                                            kdist::impl::describe(patches) + " are not 1" + why);
   }
-  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias() && !augmented);
+  factor_product(exec, patches, A, static_cast<T>(1.0 / static_cast<double>(g.rows())), layer.bias() && !augmented,
+                 update);
 }
 
 /// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer.
 template <class ExecSpace, class XView, class AView, class T, class MemorySpace>
 void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A,
-                     FactorWorkspace<T, MemorySpace>& workspace) {
+                     FactorWorkspace<T, MemorySpace>& workspace, const FactorUpdate& update = FactorUpdate::replace()) {
   constexpr const char* func = "kdist::kfac::conv2d_a_factor";
   static_assert(compat::view_rank<XView>() == 4, "kdist::kfac::conv2d_a_factor: X must be rank 4 (NCHW)");
   impl::static_check_workspace<AView, T, MemorySpace, ExecSpace>();
@@ -204,14 +210,14 @@ void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, 
   Phase phase(func);
   const auto patches = workspace.impl_rows(exec, g.rows(), g.patch());
   im2col(exec, g, X, patches);
-  conv2d_a_factor_from_patches(exec, layer, g, patches, A);
+  conv2d_a_factor_from_patches(exec, layer, g, patches, A, update);
 }
 
 /// G = B·Σ_{b,s} dY_{b,s} dY_{b,s}ᵀ for the NCHW gradient dY (B, outputs, out_h, out_w) of the
 /// mean loss at a Conv2d layer's output.
 template <class ExecSpace, class YView, class GView, class T, class MemorySpace>
 void conv2d_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY, const GView& G,
-                     FactorWorkspace<T, MemorySpace>& workspace) {
+                     FactorWorkspace<T, MemorySpace>& workspace, const FactorUpdate& update = FactorUpdate::replace()) {
   constexpr const char* func = "kdist::kfac::conv2d_g_factor";
   static_assert(compat::view_rank<YView>() == 4, "kdist::kfac::conv2d_g_factor: dY must be rank 4 (NCHW)");
   impl::static_check_workspace<GView, T, MemorySpace, ExecSpace>();
@@ -221,7 +227,7 @@ void conv2d_g_factor(const ExecSpace& exec, const Layer& layer, const YView& dY,
   const int batch = static_cast<int>(dY.extent(0));
   const auto rows = workspace.impl_rows(exec, static_cast<int>(dY.size() / dY.extent(1)), layer.outputs());
   nchw_to_rows(exec, dY, rows);
-  factor_product(exec, rows, G, static_cast<T>(batch), false);
+  factor_product(exec, rows, G, static_cast<T>(batch), false, update);
 }
 
 // ---- the same on the factor's default execution space -------------------------------------------

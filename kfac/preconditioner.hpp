@@ -151,7 +151,7 @@ class Preconditioner {
     if (!message.empty()) raise(InvalidArgument(message));
   }
   void require_between_steps(const char* operation) const { require(order_.check_between_steps(operation)); }
-  /// Order checks, factor period, timing and error wrapping around compute(fresh A).
+  /// Order checks, factor period, timing and error wrapping around compute(pending A, update).
   template <class ComputeA>
   void forward_hook(const execution_space& exec, int l, const ComputeA& compute);
   template <class E>
@@ -160,23 +160,26 @@ class Preconditioner {
     throw e;
   }
   template <class XView>
-  void compute_a(const execution_space& exec, int l, const XView& x, const Matrix& out);
+  void compute_a(const execution_space& exec, int l, const XView& x, const Matrix& out, const FactorUpdate& update);
   template <class YView>
-  void compute_g(const execution_space& exec, int l, const YView& dy, const Matrix& out);
-  void accept_factor(const execution_space& exec, int f, const Matrix& fresh, int l);
+  void compute_g(const execution_space& exec, int l, const YView& dy, const Matrix& out, const FactorUpdate& update);
+  /// Factor f's pending upper triangle := its running one; returns pending, for the blend.
+  const Matrix& start_factor(const execution_space& exec, int f);
+  void accept_factor(const execution_space& exec, int f, int l);
   void reduce_factors(const execution_space& exec);
   void update_inverses(const execution_space& exec);
   void invert(const execution_space& exec, int f);
   void precondition(const execution_space& exec, const std::vector<Gradient>& gradients);
   comm::Request precondition_block(const execution_space& exec, int l);
-  /// Layer l's V: the first a_dim columns of its result (padded to size x block columns).
+  /// Layer l's Vᵀ (a_dim x outputs): the first g_dim columns of its result (padded to size x
+  /// block columns).
   Matrix preconditioned(int l) const;
   bool split() const noexcept { return options_.split_preconditioning && engine_.size() > 1; }
-  int block_columns(int l) const { return (layer(l).a_dim() + engine_.size() - 1) / engine_.size(); }
+  int block_columns(int l) const { return (layer(l).g_dim() + engine_.size() - 1) / engine_.size(); }
   /// Empty when gradient g fits layer l, else the message.
   std::string check_gradient(int l, const Gradient& g) const;
   void maybe_replan();
-  /// rows x cols over the reused scratch (fresh factors, the preconditioning's middle product).
+  /// rows x cols over the reused scratch (the preconditioning's middle product).
   Matrix scratch_matrix(int rows, int cols);
   double phase_end(const execution_space& exec, double t0) const;
   /// A state read and checked, not yet applied (load: applied once every rank has one).
@@ -213,15 +216,15 @@ class Preconditioner {
 template <class T, class M>
 template <class XView>
 void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const XView& x) {
-  forward_hook(exec, l, [&](const Matrix& fresh) { compute_a(exec, l, x, fresh); });
+  forward_hook(exec, l, [&](const Matrix& out, const FactorUpdate& update) { compute_a(exec, l, x, out, update); });
 }
 
 template <class T, class M>
 template <class PView>
 void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const Conv2dGeometry& g,
                                       const PView& patches) {
-  forward_hook(exec, l, [&](const Matrix& fresh) {
-    conv2d_a_factor_from_patches(exec, layer(l), g, patches, fresh);
+  forward_hook(exec, l, [&](const Matrix& out, const FactorUpdate& update) {
+    conv2d_a_factor_from_patches(exec, layer(l), g, patches, out, update);
     layer_slot(l).rows = g.batch;
     layer_slot(l).spatial = g.out_h() * g.out_w();
   });
@@ -236,14 +239,14 @@ void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, cons
   Phase phase("kdist::kfac::factor A", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
   if (l == 0 && switches_.pipelined) fused_->begin();
-  const Matrix fresh = scratch_matrix(layer(l).a_dim(), layer(l).a_dim());
+  const Matrix& blended = start_factor(exec, a_index(l));
   try {
-    compute(fresh);
+    compute(blended, FactorUpdate::running_average(options_.factor_decay));
   } catch (const Error& e) {
     raise(InvalidArgument(std::string(e.what()) + " (kdist::kfac::on_forward, layer " + std::to_string(l) + " " +
                           layer(l).describe() + ", rank " + std::to_string(engine_.rank()) + ")"));
   }
-  accept_factor(exec, a_index(l), fresh, l);
+  accept_factor(exec, a_index(l), l);
   order_.advance_forward();
   stats_.factor_compute += phase_end(exec, t0);
   engine_.progress();
@@ -257,14 +260,14 @@ void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const
   if (step_ % options_.factor_every != 0) return order_.advance_backward();
   Phase phase("kdist::kfac::factor G", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
-  const Matrix fresh = scratch_matrix(layer(l).g_dim(), layer(l).g_dim());
+  const Matrix& blended = start_factor(exec, g_index(l));
   try {
-    compute_g(exec, l, dy, fresh);
+    compute_g(exec, l, dy, blended, FactorUpdate::running_average(options_.factor_decay));
   } catch (const Error& e) {
     raise(InvalidArgument(std::string(e.what()) + " (kdist::kfac::on_backward, layer " + std::to_string(l) + " " +
                           layer(l).describe() + ", rank " + std::to_string(engine_.rank()) + ")"));
   }
-  accept_factor(exec, g_index(l), fresh, l);
+  accept_factor(exec, g_index(l), l);
   order_.advance_backward();
   stats_.factor_compute += phase_end(exec, t0);
   engine_.progress();
@@ -272,7 +275,8 @@ void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const
 
 template <class T, class M>
 template <class XView>
-void Preconditioner<T, M>::compute_a(const execution_space& exec, int l, const XView& x, const Matrix& out) {
+void Preconditioner<T, M>::compute_a(const execution_space& exec, int l, const XView& x, const Matrix& out,
+                                     const FactorUpdate& update) {
   LayerSlot& slot = layer_slot(l);
   const Layer& layer = slot.layer;
   if constexpr (compat::view_rank<XView>() == 2) {
@@ -280,14 +284,14 @@ void Preconditioner<T, M>::compute_a(const execution_space& exec, int l, const X
       kdist::impl::throw_invalid(
           "kdist::kfac::on_forward",
           "activations " + kdist::impl::describe(x) + " are rank 2, " + layer.describe() + " takes NCHW (rank 4)");
-    dense_a_factor(exec, layer, x, out);
+    dense_a_factor(exec, layer, x, out, update);
     slot.rows = static_cast<int>(x.extent(0));
   } else if constexpr (compat::view_rank<XView>() == 4) {
     if (layer.kind() != LayerKind::conv2d)
       kdist::impl::throw_invalid("kdist::kfac::on_forward", "activations " + kdist::impl::describe(x) +
                                                                 " are rank 4, " + layer.describe() +
                                                                 " takes rows x inputs (rank 2)");
-    conv2d_a_factor(exec, layer, x, out, factor_ws_);
+    conv2d_a_factor(exec, layer, x, out, factor_ws_, update);
     slot.rows = static_cast<int>(x.extent(0));
     slot.spatial = layer.out_h(static_cast<int>(x.extent(2))) * layer.out_w(static_cast<int>(x.extent(3)));
   } else {
@@ -298,7 +302,8 @@ void Preconditioner<T, M>::compute_a(const execution_space& exec, int l, const X
 
 template <class T, class M>
 template <class YView>
-void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const YView& dy, const Matrix& out) {
+void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const YView& dy, const Matrix& out,
+                                     const FactorUpdate& update) {
   const LayerSlot& slot = layer_slot(l);
   const Layer& layer = slot.layer;
   if (static_cast<int>(dy.extent(0)) != slot.rows)
@@ -311,7 +316,7 @@ void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const Y
       kdist::impl::throw_invalid("kdist::kfac::on_backward", "output gradients " + kdist::impl::describe(dy) +
                                                                  " are rank 2, " + layer.describe() +
                                                                  " takes NCHW (rank 4)");
-    dense_g_factor(exec, layer, dy, out);
+    dense_g_factor(exec, layer, dy, out, update);
   } else if constexpr (compat::view_rank<YView>() == 4) {
     if (layer.kind() != LayerKind::conv2d)
       kdist::impl::throw_invalid("kdist::kfac::on_backward", "output gradients " + kdist::impl::describe(dy) +
@@ -322,7 +327,7 @@ void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const Y
       kdist::impl::throw_invalid("kdist::kfac::on_backward",
                                  "output gradients " + kdist::impl::describe(dy) + " have " + std::to_string(spatial) +
                                      " locations, the forward input gives " + std::to_string(slot.spatial));
-    conv2d_g_factor(exec, layer, dy, out, factor_ws_);
+    conv2d_g_factor(exec, layer, dy, out, factor_ws_, update);
   } else {
     static_assert(compat::view_rank<YView>() == 2 || compat::view_rank<YView>() == 4,
                   "kdist::kfac::on_backward: output gradients are rank 2 (Dense) or rank 4 NCHW (Conv2d)");

@@ -96,15 +96,20 @@ TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {
   REQUIRE(kdist::packed_dim(0) == 0);
 }
 
+// keep < 0: FactorUpdate::replace (A in full, stale contents overwritten); else
+// running_average(keep): the upper triangle blended with its old values, the lower one untouched.
 template <class T, class Layout>
-void check_factor_product(int rows, int d, bool bias, std::mt19937_64& rng) {
+void check_factor_product(int rows, int d, bool bias, double keep, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-2, 2);
   const auto X = device_matrix<T, Layout>("X", rows, d, [&](int, int) { return u(rng); });
   const int n = d + (bias ? 1 : 0);
   const T scale = rows > 0 ? T(1) / static_cast<T>(rows) : T(1);
-  TestMatrix<T> A("A", n, n);
-  Kokkos::deep_copy(A, T(-7));  // stale contents must be overwritten
-  kdist::factor_product(TestExec(), X, A, scale, bias);
+  const auto old = [](int i, int j) { return i <= j ? 1.0 + 0.25 * (j - i) : -7.0; };
+  const auto A = device_matrix<T, Kokkos::LayoutLeft>("A", n, n, old);
+  if (keep < 0)
+    kdist::factor_product(TestExec(), X, A, scale, bias);
+  else
+    kdist::factor_product(TestExec(), X, A, scale, bias, kdist::FactorUpdate::running_average(keep));
   const auto Xh = to_host(X);
   const auto Ah = to_host(A);
   // Triple loop over the explicit [X 1] matrix.
@@ -118,11 +123,12 @@ void check_factor_product(int rows, int d, bool bias, std::mt19937_64& rng) {
         s += xi * xj;
       }
       s *= static_cast<double>(scale);
+      if (keep >= 0) s = i <= j ? keep * old(i, j) + (1 - keep) * s : old(i, j);
       ref_max = std::max(ref_max, std::abs(s));
       worst = std::max(worst, std::abs(s - static_cast<double>(Ah(i, j))));
     }
   const double tol = (std::is_same<T, double>::value ? 1e-12 : 1e-5) * std::max(ref_max, 1e-300);
-  INFO("rows " << rows << " d " << d << " bias " << bias << " layout "
+  INFO("rows " << rows << " d " << d << " bias " << bias << " keep " << keep << " layout "
                << (std::is_same<Layout, Kokkos::LayoutLeft>::value ? "left" : "right"));
   CHECK(worst <= tol);
 }
@@ -131,10 +137,19 @@ TEMPLATE_TEST_CASE("factor_product equals a triple loop", "[core][products]", fl
   std::mt19937_64 rng(7);
   const int shapes[][2] = {{1, 1}, {7, 5}, {3, 9}, {64, 33}, {200, 17}, {5, 120}, {0, 4}};
   for (const auto& s : shapes)
-    for (bool bias : {false, true}) {
-      check_factor_product<TestType, Kokkos::LayoutLeft>(s[0], s[1], bias, rng);
-      check_factor_product<TestType, Kokkos::LayoutRight>(s[0], s[1], bias, rng);
-    }
+    for (bool bias : {false, true})
+      for (double keep : {-1.0, 0.0, 0.95}) {
+        check_factor_product<TestType, Kokkos::LayoutLeft>(s[0], s[1], bias, keep, rng);
+        check_factor_product<TestType, Kokkos::LayoutRight>(s[0], s[1], bias, keep, rng);
+      }
+}
+
+TEST_CASE("FactorUpdate::running_average takes keep in [0, 1)", "[core][products][errors]") {
+  for (double keep : {-0.1, 1.0, std::nan("")})
+    REQUIRE_THROWS_WITH(kdist::FactorUpdate::running_average(keep),
+                        Catch::Contains("kdist::FactorUpdate::running_average") && Catch::Contains("[0, 1)"));
+  REQUIRE(kdist::FactorUpdate::running_average(0.5).upper_only());
+  REQUIRE_FALSE(kdist::FactorUpdate::replace().upper_only());
 }
 
 TEST_CASE("factor_product rejects a factor of the wrong size", "[core][products]") {

@@ -28,37 +28,30 @@ int count_nonfinite_diagonal(const Exec& exec, const MV& A) {
   return bad;
 }
 
-/// P := xi F + (1 - xi) fresh.
-template <class Exec, class MV, class FV, class T>
-void blend(const Exec& exec, const MV& P, const MV& F, const FV& fresh, T xi) {
-  const int d = static_cast<int>(P.extent(0));
+/// The upper triangle (diagonal included) of D := that of S; both column-major, same size.
+template <class Exec, class MV>
+void copy_upper(const Exec& exec, const MV& D, const MV& S) {
   Kokkos::parallel_for(
-      "kdist::kfac::running_average", Kokkos::RangePolicy<Exec>(exec, 0, d), KOKKOS_LAMBDA(const int j) {
+      "kdist::kfac::copy_upper", Kokkos::RangePolicy<Exec>(exec, 0, D.extent(0)), KOKKOS_LAMBDA(const int j) {
         // Column pointers (every matrix here is column-major), so the loop vectorises.
-        T* const p = &P(0, j);
-        const T *const f = &F(0, j), *const n = &fresh(0, j);
-        for (int i = 0; i < d; ++i) p[i] = xi * f[i] + (T(1) - xi) * n[i];
+        auto* const d = &D(0, j);
+        const auto* const s = &S(0, j);
+        for (int i = 0; i <= j; ++i) d[i] = s[i];
       });
 }
 
-/// Rows per work item of the row-major <-> column-major gradient copies: a block of rows is read
-/// along the rows while its column-major writes (or reads) stay within a few cache lines per
-/// column; element by element, every column-major access was a cache line of its own.
-constexpr int gradient_rows_per_item = 16;
-
-/// W := [weight | bias] (the bias column only when `bias`); W column-major, weight row-major.
+/// Wᵀ := [weight | bias]ᵀ (the bias row only when `bias`): Wᵀ column-major a_dim x outputs,
+/// weight row-major outputs x inputs, so both are walked along memory (a copy, no transpose):
+/// the preconditioner works on Vᵀ = A⁻¹ Wᵀ G⁻¹ for this reason.
 template <class Exec, class MV, class GV, class BV>
-void gather_gradient(const Exec& exec, const MV& W, const GV& weight, const BV& b, bool bias) {
-  const int inputs = static_cast<int>(weight.extent(1)), rows = static_cast<int>(weight.extent(0));
-  constexpr int block = gradient_rows_per_item;
+void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
+  const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
-      "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, (rows + block - 1) / block),
-      KOKKOS_LAMBDA(const int t) {
-        const int i0 = t * block, i1 = i0 + block < rows ? i0 + block : rows;
-        for (int j = 0; j < inputs; ++j)
-          for (int i = i0; i < i1; ++i) W(i, j) = weight(i, j);
-        if (bias)
-          for (int i = i0; i < i1; ++i) W(i, inputs) = b(i);
+      "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)), KOKKOS_LAMBDA(const int i) {
+        auto* const w = &Wt(0, i);
+        const auto* const g = &weight(i, 0);
+        for (int j = 0; j < inputs; ++j) w[j] = g[j];
+        if (bias) w[inputs] = b(i);
       });
 }
 
@@ -79,19 +72,17 @@ double inner(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
-/// [weight | bias] := nu V (V column-major, weight row-major), in blocks of rows as gather_gradient.
+/// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
 template <class Exec, class GV, class BV, class MV, class T>
-void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& V, T nu, bool bias) {
-  const int inputs = static_cast<int>(weight.extent(1)), rows = static_cast<int>(weight.extent(0));
-  constexpr int block = gradient_rows_per_item;
+void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
+  const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
-      "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, (rows + block - 1) / block),
-      KOKKOS_LAMBDA(const int t) {
-        const int i0 = t * block, i1 = i0 + block < rows ? i0 + block : rows;
-        for (int j = 0; j < inputs; ++j)
-          for (int i = i0; i < i1; ++i) weight(i, j) = nu * V(i, j);
-        if (bias)
-          for (int i = i0; i < i1; ++i) b(i) = nu * V(i, inputs);
+      "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),
+      KOKKOS_LAMBDA(const int i) {
+        const auto* const v = &Vt(0, i);
+        auto* const g = &weight(i, 0);
+        for (int j = 0; j < inputs; ++j) g[j] = nu * v[j];
+        if (bias) b(i) = nu * v[inputs];
       });
 }
 

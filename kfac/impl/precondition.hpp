@@ -45,10 +45,10 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   fused_ = std::make_unique<Fused>(engine_, tensors, Fused::average());
   for (int l = 0; l < L; ++l) {
     LayerSlot& slot = layer_slot(l);
-    const int columns = split() ? P * block_columns(l) : slot.layer.a_dim();
-    slot.gradient = Matrix("kdist::kfac::gradient", slot.layer.g_dim(), slot.layer.a_dim());
-    slot.result = Matrix("kdist::kfac::preconditioned", slot.layer.g_dim(), columns);
-    if (split()) slot.block = Matrix("kdist::kfac::preconditioned_block", slot.layer.g_dim(), block_columns(l));
+    const int a = slot.layer.a_dim(), columns = split() ? P * block_columns(l) : slot.layer.g_dim();
+    slot.gradient = Matrix("kdist::kfac::gradient", a, slot.layer.g_dim());
+    slot.result = Matrix("kdist::kfac::preconditioned", a, columns);
+    if (split()) slot.block = Matrix("kdist::kfac::preconditioned_block", a, block_columns(l));
   }
   replan_after_ = options_.profile_steps;
   Kokkos::fence();
@@ -76,13 +76,24 @@ double Preconditioner<T, M>::phase_end(const execution_space& exec, double t0) c
   return Clock::local_now() - t0;
 }
 
-// The fresh factor's diagonal holds sums of squares of every input value, so a NaN or Inf
-// anywhere in the batch (or an overflow) shows there: a d-element check, not a pass over the
-// batch. The running factor is then blended into `pending`, never into itself.
+// A factor step blends the batch's factor F into `pending` (never into `running`) inside the
+// one syrk: pending's upper triangle starts as running's, then becomes xi running + (1 - xi) F.
+// The lower triangle is left stale: the fusion packs the upper one and unpacks in full.
 template <class T, class M>
-void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, const Matrix& fresh, int l) {
-  const int d = static_cast<int>(fresh.extent(0));
-  const int bad = impl::count_nonfinite_diagonal(exec, fresh);
+const typename Preconditioner<T, M>::Matrix& Preconditioner<T, M>::start_factor(const execution_space& exec, int f) {
+  const FactorSlot& slot = factor_slot(f);
+  impl::copy_upper(exec, slot.pending, slot.running);
+  return slot.pending;
+}
+
+// F's diagonal holds sums of squares of every input value, so a NaN or Inf anywhere in the batch
+// (or an overflow) shows on the blend's diagonal (running is finite): a d-element check, not a
+// pass over the batch.
+template <class T, class M>
+void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, int l) {
+  const FactorSlot& slot = factor_slot(f);
+  const int d = static_cast<int>(slot.pending.extent(0));
+  const int bad = impl::count_nonfinite_diagonal(exec, slot.pending);
   if (bad > 0) {
     const bool is_a = f < layers();
     raise(NonFiniteError(
@@ -92,8 +103,6 @@ void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, con
         static_cast<long long>(d), engine_.rank(),
         std::to_string(bad) + " of the factor's " + std::to_string(d) + " diagonal entries are not finite"));
   }
-  const FactorSlot& slot = factor_slot(f);
-  impl::blend(exec, slot.pending, slot.running, fresh, static_cast<T>(options_.factor_decay));
   if (switches_.pipelined) fused_->ready(exec, f, slot.pending);
 }
 
@@ -196,8 +205,11 @@ void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
 
 // ---- preconditioning ----------------------------------------------------------------------
 
-// V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer (split: this rank's column blocks, the
-// all-gathers of every layer in flight together), then nu = min(1, sqrt(kl_clip / |s|)) with
+// V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer, computed as its transpose
+// V_lᵀ = A_l^-1 [dW_l | db_l]ᵀ G_l^-1 (the factors are symmetric): the row-major weight gradient
+// read along memory is the column-major transpose, so the copies in and out move rows, where the
+// untransposed form had them transpose (split: this rank's block of Vᵀ's columns, the layer's
+// outputs; the all-gathers of every layer in flight together), then nu = min(1, sqrt(kl_clip / |s|)) with
 // s = lr^2 sum_l sum_ij V_l . [dW_l | db_l] (kfac-pytorch's and SPD-KFAC's clip), and the
 // caller's gradients become nu V. Nothing is written back until every layer's V is finite. After
 // the gathers every rank holds the same V, so every rank reaches the same verdict.
@@ -214,10 +226,10 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
       gathers.push_back(precondition_block(exec, l));
       continue;
     }
-    // R := G^-1 W in the scratch, then V := R A^-1.
-    const Matrix R = scratch_matrix(slot.layer.outputs(), slot.layer.a_dim());
-    gemm(exec, "N", "N", T(1), factor_slot(g_index(l)).inverse, slot.gradient, T(0), R);
-    gemm(exec, "N", "N", T(1), R, factor_slot(a_index(l)).inverse, T(0), preconditioned(l));
+    // R := Wᵀ G^-1 in the scratch, then Vᵀ := A^-1 R.
+    const Matrix R = scratch_matrix(slot.layer.a_dim(), slot.layer.outputs());
+    gemm(exec, "N", "N", T(1), slot.gradient, factor_slot(g_index(l)).inverse, T(0), R);
+    gemm(exec, "N", "N", T(1), factor_slot(a_index(l)).inverse, R, T(0), preconditioned(l));
   }
   for (comm::Request& r : gathers) r.wait();
   double total = 0;
@@ -240,20 +252,20 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   stats_.precondition += phase_end(exec, t0);
 }
 
-// This rank's block of columns [c0, c1) of V_l = G^-1 (W A^-1[:, c0:c1]) into the layer's block,
-// then the all-gather of every rank's block into its result (columns padded to size x block
-// columns; a rank past the last column sends its block unused).
+// This rank's block of Vᵀ's columns (the layer's outputs) [c0, c1): A^-1 (Wᵀ G^-1[:, c0:c1]) into
+// the layer's block, then the all-gather of every rank's block into its result (columns padded
+// to size x block columns; a rank past the last column sends its block unused).
 template <class T, class M>
 comm::Request Preconditioner<T, M>::precondition_block(const execution_space& exec, int l) {
   const LayerSlot& slot = layer_slot(l);
-  const int a = slot.layer.a_dim(), width = block_columns(l);
-  const int c0 = std::min(a, engine_.rank() * width), c1 = std::min(a, c0 + width);
+  const int outputs = slot.layer.g_dim(), width = block_columns(l);
+  const int c0 = std::min(outputs, engine_.rank() * width), c1 = std::min(outputs, c0 + width);
   if (c1 > c0) {
-    const Matrix R = scratch_matrix(slot.layer.outputs(), c1 - c0);
+    const Matrix R = scratch_matrix(slot.layer.a_dim(), c1 - c0);
     const auto columns = std::make_pair(c0, c1);
-    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(factor_slot(a_index(l)).inverse, Kokkos::ALL, columns),
+    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(factor_slot(g_index(l)).inverse, Kokkos::ALL, columns),
          T(0), R);
-    gemm(exec, "N", "N", T(1), factor_slot(g_index(l)).inverse, R, T(0),
+    gemm(exec, "N", "N", T(1), factor_slot(a_index(l)).inverse, R, T(0),
          Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, c1 - c0)));
   }
   return engine_.allgather(exec, Vector(slot.block.data(), slot.block.size()),
@@ -263,7 +275,7 @@ comm::Request Preconditioner<T, M>::precondition_block(const execution_space& ex
 
 template <class T, class M>
 typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::preconditioned(int l) const {
-  return Kokkos::subview(layer_slot(l).result, Kokkos::ALL, std::make_pair(0, layer(l).a_dim()));
+  return Kokkos::subview(layer_slot(l).result, Kokkos::ALL, std::make_pair(0, layer(l).g_dim()));
 }
 
 template <class T, class M>

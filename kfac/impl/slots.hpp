@@ -28,9 +28,9 @@ template <class T, class MemorySpace>
 struct LayerSlot {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
   Layer layer;
-  Matrix gradient;  ///< [dW | db], g_dim x a_dim
-  Matrix result;    ///< V; split preconditioning: padded to ranks x block columns
-  Matrix block;     ///< split preconditioning: this rank's columns of V
+  Matrix gradient;  ///< [dW | db]ᵀ, a_dim x g_dim
+  Matrix result;    ///< Vᵀ; split preconditioning: padded to ranks x block columns
+  Matrix block;     ///< split preconditioning: this rank's columns of Vᵀ
   int rows = 0;     ///< samples (Dense) or images (Conv2d) the last on_forward saw
   int spatial = 0;  ///< Conv2d: output locations (out_h * out_w) the last on_forward saw
 };

@@ -374,14 +374,14 @@ class Profile {
     const auto grads = net_.gradients();
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const int g = layers[l].g_dim(), a = layers[l].a_dim();
-      Matrix Gi("Ginv", g, g), W("W", g, a), Ai("Ainv", a, a), R("R", g, a), V("V", g, a);
+      Matrix Gi("Ginv", g, g), W("Wt", a, g), Ai("Ainv", a, a), R("R", a, g), V("Vt", a, g);  // transposed, as kfac
       fill_random(Gi, std::uint64_t{7}, 1.0);
       fill_random(W, std::uint64_t{8}, 1.0);
       fill_random(Ai, std::uint64_t{9}, 1.0);
       exec_.fence();
       const double t0 = Clock::local_now();
-      gemm(exec_, "N", "N", T(1), Gi, W, T(0), R);
-      gemm(exec_, "N", "N", T(1), R, Ai, T(0), V);
+      gemm(exec_, "N", "N", T(1), W, Gi, T(0), R);
+      gemm(exec_, "N", "N", T(1), Ai, R, T(0), V);
       exec_.fence();
       const double t1 = Clock::local_now();
       kfac::impl::gather_gradient(exec_, W, grads[l].weight, grads[l].bias, layers[l].bias());

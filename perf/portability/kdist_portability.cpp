@@ -12,7 +12,8 @@
 // Kernels, each with its roofline (bytes moved, or flops, per call, as kdist counts them):
 //   pack_upper d        read and write t(d) = d(d+1)/2 elements                     memory, copy_one
 //   unpack_upper d      read t(d), write d^2                                          memory, copy_one
-//   ema d               P = xi F + (1 - xi) fresh: read 2 d^2, write d^2              memory, copy_one
+//   copy_upper d        a factor step's start: running's upper triangle into pending: read and
+//                       write t(d) (the blend itself is the syrk's beta)              memory, copy_one
 //   fused_copy n        a gradient into and out of a fusion buffer: 2 x (read n + write n)  memory, copy_one
 //   adasum_pair n       partial sums (read 2 n) and apply (read 2 n, write n)         memory, copy_one
 //   im2col geometry     read the input, write rows x patch                            memory, copy_one
@@ -166,14 +167,13 @@ class Suite {
          timed(s_.reps, [&] { kdist::unpack_upper(exec, packed, back); }), t + d2});
   }
 
-  void ema(int d) {
-    Matrix<float> P("P", d, d), F("F", d, d), fresh("fresh", d, d);
+  void copy_upper(int d) {
+    Matrix<float> P("P", d, d), F("F", d, d);
     fill_random(F, 4);
-    fill_random(fresh, 5);
     Exec exec;
-    add({"ema", std::to_string(d), "copy_one",
-         timed(s_.reps, [&] { kdist::kfac::impl::blend(exec, P, F, fresh, 0.95f); }),
-         3.0 * d * static_cast<double>(d) * sizeof(float)});
+    add({"copy_upper", std::to_string(d), "copy_one",
+         timed(s_.reps, [&] { kdist::kfac::impl::copy_upper(exec, P, F); }),
+         2.0 * static_cast<double>(kdist::packed_size(static_cast<std::size_t>(d))) * sizeof(float)});
   }
 
   void fused_copy(std::size_t n) {
@@ -226,7 +226,8 @@ class Suite {
   }
 
   void precondition(int g, int a) {
-    Matrix<float> Gi("Ginv", g, g), W("W", g, a), Ai("Ainv", a, a), R("R", g, a), V("V", g, a);
+    // Transposed, as kdist::kfac computes it: Vᵀ = A^-1 (Wᵀ G^-1).
+    Matrix<float> Gi("Ginv", g, g), W("Wt", a, g), Ai("Ainv", a, a), R("R", a, g), V("Vt", a, g);
     fill_random(Gi, 11);
     fill_random(W, 12);
     fill_random(Ai, 13);
@@ -234,8 +235,8 @@ class Suite {
     add({"precondition", std::to_string(g) + "x" + std::to_string(a), "gemm_float",
          timed(s_.reps,
                [&] {
-                 kdist::gemm(exec, "N", "N", 1.0f, Gi, W, 0.0f, R);
-                 kdist::gemm(exec, "N", "N", 1.0f, R, Ai, 0.0f, V);
+                 kdist::gemm(exec, "N", "N", 1.0f, W, Gi, 0.0f, R);
+                 kdist::gemm(exec, "N", "N", 1.0f, Ai, R, 0.0f, V);
                }),
          2.0 * (double(g) * g * a + double(g) * a * a), false});
   }
@@ -313,7 +314,7 @@ void run(const Settings& s, kdist_bench::Table& table, const Limits& limits, con
   // the im2col column count 2304) and its largest, 4608 (3x3x512).
   const std::vector<int> dims = s.smoke ? std::vector<int>{33} : std::vector<int>{257, 785, 2304, 4608};
   for (int d : dims) suite.packing(d);
-  for (int d : dims) suite.ema(d);
+  for (int d : dims) suite.copy_upper(d);
   // Gradients: the MLP's 235 146 parameters; ResNet-50's fc weights (2 049 000) and all of it (25.6 M).
   const std::vector<std::size_t> ns =
       s.smoke ? std::vector<std::size_t>{1000} : std::vector<std::size_t>{235146, 2049000, 25557032};
