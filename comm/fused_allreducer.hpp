@@ -2,7 +2,9 @@
 // their packed upper triangle), handed over in ready order with ready(exec, i, view), packed into
 // the fusion buffer of their group in MemorySpace by core/ kernels on `exec`; a group is launched
 // as soon as its last member arrives, and wait(exec) scatters the results back with the same
-// kernels. Nothing is staged through the host except where the Engine's wire needs it.
+// kernels (a symmetric tensor in full, or, marked upper_only, only its upper triangle: no mirror
+// pass for a reader that uses no more). Nothing is staged through the host except where the
+// Engine's wire needs it.
 //
 // The plan starts as one call per tensor; replan(cost, options) runs the planner collectively
 // through the Engine with the ready times measured in the last iteration. Each group's layout
@@ -51,8 +53,9 @@ class FusedAllreducer {
 
   struct Tensor {
     std::string label;
-    std::size_t dim = 0;     ///< elements (flat) or matrix dimension (symmetric)
-    bool symmetric = false;  ///< sent as the packed upper triangle, dim(dim+1)/2 elements
+    std::size_t dim = 0;      ///< elements (flat) or matrix dimension (symmetric)
+    bool symmetric = false;   ///< sent as the packed upper triangle, dim(dim+1)/2 elements
+    bool upper_only = false;  ///< symmetric: scattered back into the upper triangle only
     std::size_t elements() const { return symmetric ? packed_size(dim) : dim; }
   };
 
@@ -120,11 +123,15 @@ class FusedAllreducer {
                                        std::to_string(engine_.rank()) + ")"));
     for (Group& g : groups_) g.request.wait();
   }
-  /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full).
+  /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full,
+  /// or their upper triangle when marked upper_only).
   void scatter(const execution_space& exec) {
     Phase phase("kdist::comm::FusedAllreducer::scatter");
     for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
-      if (tensors_[static_cast<std::size_t>(i)].symmetric)
+      const Tensor& t = tensors_[static_cast<std::size_t>(i)];
+      if (t.symmetric && t.upper_only)
+        unpack_upper_triangle(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
+      else if (t.symmetric)
         unpack_upper(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
       else
         Kokkos::deep_copy(exec, flat_[static_cast<std::size_t>(i)], slot(i));

@@ -1,8 +1,8 @@
 // Packed symmetric storage in LAPACK 'U' order: AP[i + j(j+1)/2] = A(i,j) for i <= j, n(n+1)/2
 // elements. K-FAC factors cross the network in this form (half the bytes of the full matrix).
-// pack_upper / unpack_upper take the square matrix and the packed vector on the caller's
-// execution space; the two must not share storage (InvalidArgument naming both, nothing
-// written), and the packed length must be n(n+1)/2.
+// pack_upper / unpack_upper (unpack_upper_triangle: the upper triangle only) take the square
+// matrix and the packed vector on the caller's execution space; the two must not share storage
+// (InvalidArgument naming both, nothing written), and the packed length must be n(n+1)/2.
 #pragma once
 
 #include <kdist/core/views.hpp>
@@ -90,17 +90,26 @@ void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
   }
 }
 
-/// Fill the square matrix `full` from `packed`, mirroring the upper triangle to the lower.
-/// Column pieces are copied contiguously, then the tiled mirror fills the lower triangle.
+/// Fill the upper triangle of the square matrix `full` from `packed`, column pieces copied
+/// contiguously; the strictly lower triangle is not written (for readers of the upper one only:
+/// syrk/potrf/syevd with 'U', pack_upper).
 template <class ExecSpace, class Packed, class Full>
-void unpack_upper(const ExecSpace& exec, const Packed& packed, const Full& full) {
-  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper", full, packed);
+void unpack_upper_triangle(const ExecSpace& exec, const Packed& packed, const Full& full) {
+  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper_triangle", full, packed);
   const int n = static_cast<int>(full.extent(0));
   Kokkos::parallel_for(
       "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
         const std::size_t base = packed_index(0, j);
         for (int i = 0; i <= j; ++i) full(i, j) = packed(base + i);
       });
+}
+
+/// Fill the square matrix `full` from `packed`: unpack_upper_triangle, then the tiled mirror fills
+/// the lower triangle.
+template <class ExecSpace, class Packed, class Full>
+void unpack_upper(const ExecSpace& exec, const Packed& packed, const Full& full) {
+  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper", full, packed);
+  unpack_upper_triangle(exec, packed, full);
   mirror_upper_to_lower(exec, full);
 }
 

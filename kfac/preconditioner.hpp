@@ -133,7 +133,8 @@ class Preconditioner {
   int factors() const noexcept { return 2 * layers(); }
   int a_index(int l) const noexcept { return l; }
   int g_index(int l) const noexcept { return factors() - 1 - l; }
-  const Matrix& factor(int f) const { return factor_slot(f).running; }
+  /// Factor f's running average, full symmetric: a copy (kdist keeps the upper triangle only).
+  Matrix factor(int f) const;
   const Matrix& inverse(int f) const { return factor_slot(f).inverse; }
   comm::Engine& engine() noexcept { return engine_; }
 

@@ -296,8 +296,10 @@ std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const s
   return out;
 }
 
-// The reference: the same steps, densely in double.
-inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps) {
+// The reference: the same steps, densely in double; `factors`, when given, gets the running
+// factors at the end, in the preconditioner's order (A_0 .. A_{L-1}, G_{L-1} .. G_0), row-major.
+inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps,
+                                                  std::vector<std::vector<double>>* factors = nullptr) {
   const int L = static_cast<int>(layers.size());
   std::vector<Mat> A, G, Ainv, Ginv;
   for (const Layer& l : layers) {
@@ -350,6 +352,15 @@ inline std::vector<std::vector<double>> reference(const std::vector<Layer>& laye
         for (int i = 0; i < Ly.outputs(); ++i) flat.push_back(nu * V[l][i][Ly.inputs()]);
     }
     out.push_back(flat);
+  }
+  if (factors) {
+    factors->clear();
+    for (int f = 0; f < 2 * L; ++f) {
+      const Mat& F = f < L ? A[f] : G[2 * L - 1 - f];
+      std::vector<double> flat;
+      for (const auto& row : F) flat.insert(flat.end(), row.begin(), row.end());
+      factors->push_back(flat);
+    }
   }
   return out;
 }

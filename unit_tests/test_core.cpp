@@ -81,6 +81,13 @@ TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) same = same && bh(i, j) == ah(i, j);
     REQUIRE(same);
+    // The upper triangle alone: the strictly lower one keeps what it held.
+    Kokkos::deep_copy(back, TestType(-3));
+    kdist::unpack_upper_triangle(TestExec(), p, back);
+    const auto uh = to_host(back);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) same = same && uh(i, j) == (i <= j ? ah(i, j) : TestType(-3));
+    REQUIRE(same);
     REQUIRE(kdist::packed_dim(kdist::packed_size(n)) == static_cast<std::size_t>(n));
   }
 }

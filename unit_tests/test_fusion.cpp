@@ -94,10 +94,11 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
   Engine eng(world);
   const int P = world.size(), me = world.rank();
   using FA = FusedAllreducer<T, TestMem>;
-  // Flat tensors from 1 to 1e6 elements and packed symmetric ones.
+  // Flat tensors from 1 to 1e6 elements and packed symmetric ones; A2 comes back as its upper
+  // triangle only (its lower one holds -1, which must survive).
   std::vector<typename FA::Tensor> specs = {{"g0", 1, false},  {"A0", 7, true},        {"g1", 1000, false},
                                             {"G0", 33, true},  {"g2", 1000000, false}, {"g3", 3, false},
-                                            {"A1", 128, true}, {"g4", 50000, false}};
+                                            {"A1", 128, true}, {"g4", 50000, false},   {"A2", 20, true, true}};
   std::vector<FusionTensor> sizes;
   for (std::size_t i = 0; i < specs.size(); ++i) sizes.push_back({specs[i].elements() * sizeof(T), 1e-4 * i});
   const CostModel cost = CostModel::linear(30e-6, 1.0 / 2e9);
@@ -115,8 +116,10 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].symmetric) {
         const int d = static_cast<int>(specs[i].dim);
-        sym[i] = kdist_test::device_matrix<T>(
-            specs[i].label, d, d, [me](int a, int b) { return (me + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13; });
+        const bool upper = specs[i].upper_only;
+        sym[i] = kdist_test::device_matrix<T>(specs[i].label, d, d, [me, upper](int a, int b) {
+          return upper && a > b ? -1 : (me + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13;
+        });
         fused.ready(TestExec(), static_cast<int>(i), sym[i]);
       } else {
         flat[i] = typename FA::Vector(specs[i].label, specs[i].dim);
@@ -137,6 +140,7 @@ TEMPLATE_TEST_CASE("FusedAllreducer equals unfused all-reduce for every planner"
           for (int b = 0; b < d; ++b) {
             double ref = 0;
             for (int r = 0; r < P; ++r) ref += (r + 1) * (std::min(a, b) + 2 * std::max(a, b)) % 13;
+            if (specs[i].upper_only && a > b) ref = -1;
             ok = ok && static_cast<double>(h(a, b)) == ref;
           }
       } else {

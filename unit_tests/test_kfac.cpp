@@ -34,8 +34,8 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     variants.push_back({comm::to_string(p), o});
   }
   {
-    // The default splits the preconditioning into column blocks (at 3 ranks the last rank of the
-    // 4-column layer has none); this computes all of it on every rank.
+    // The default splits the preconditioning into blocks of each layer's outputs (at 3 ranks the
+    // last rank of the 4-output layer has none); this computes all of it on every rank.
     Options o = base_options();
     o.split_preconditioning = false;
     variants.push_back({"preconditioning on every rank", o});
@@ -59,10 +59,20 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, v.options);
     const auto got = train(kfac, layers, 0, steps);
-    const auto want = reference(layers, v.options, steps);
+    std::vector<std::vector<double>> want_factors;
+    const auto want = reference(layers, v.options, steps, &want_factors);
     for (int s = 0; s < steps; ++s) {
       INFO("step " << s);
       CHECK(max_relative(got[s], want[s]) < 1e-6);
+    }
+    // factor(f) is the running factor in full: kdist keeps only its upper triangle.
+    for (int f = 0; f < kfac.factors(); ++f) {
+      const auto F = kdist_test::to_host(kfac.factor(f));
+      std::vector<double> got_factor;
+      for (std::size_t i = 0; i < F.extent(0); ++i)
+        for (std::size_t j = 0; j < F.extent(1); ++j) got_factor.push_back(F(i, j));
+      INFO("factor " << f);
+      CHECK(max_relative(got_factor, want_factors[static_cast<std::size_t>(f)]) < 1e-12);
     }
     CHECK(kfac.stats().steps == steps);
   }

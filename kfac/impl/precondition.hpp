@@ -33,7 +33,7 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
     slot.inverse = Matrix("kdist::kfac::inverse_" + slot.label, d, d);
     impl::fill_identity(execution_space(), slot.running);
     items.push_back({slot.label, d});
-    tensors.push_back({slot.label, static_cast<std::size_t>(d), true});
+    tensors.push_back({slot.label, static_cast<std::size_t>(d), true, true});  // kdist reads the upper triangle
     factor_slots_.push_back(std::move(slot));
   }
   placement_ = place(items, PlacementModels::from_store(models_, dtype_of<T>(), P), P, switches_.placement);
@@ -52,6 +52,20 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   }
   replan_after_ = options_.profile_steps;
   Kokkos::fence();
+}
+
+// The running factors are kept as upper triangles (everything that reads them, the next blend,
+// the fusion's packing and the inverses, reads no more), so a caller gets a mirrored copy.
+template <class T, class M>
+typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::factor(int f) const {
+  const Matrix& running = factor_slot(f).running;
+  Matrix full(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::factor_" + factor_slot(f).label),
+              running.extent(0), running.extent(1));
+  const execution_space exec;
+  Kokkos::deep_copy(exec, full, running);
+  mirror_upper_to_lower(exec, full);
+  compat::fence(exec, "kdist::kfac::Preconditioner::factor");
+  return full;
 }
 
 template <class T, class M>

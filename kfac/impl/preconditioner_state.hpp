@@ -39,10 +39,11 @@ void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) 
   counters.fusion_groups = fused_->plan().group_end;
   counters.options = impl::saved_options(options_);
   impl::write_state_fields(out, prefix, state_shape(), counters);
-  for (const FactorSlot& slot : factor_slots_)
+  for (int f = 0; f < factors(); ++f)
     for (const bool inverse : {false, true}) {
-      const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), inverse ? slot.inverse : slot.running);
-      out.add(prefix + (inverse ? "inverse." : "factor.") + slot.label, host.data(), host.span());
+      const auto host =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), inverse ? factor_slot(f).inverse : factor(f));
+      out.add(prefix + (inverse ? "inverse." : "factor.") + factor_slot(f).label, host.data(), host.span());
     }
 }
 
