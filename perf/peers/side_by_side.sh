@@ -6,8 +6,11 @@
 #
 #   perf/peers/side_by_side.sh [--rounds 3] [--steps 300] [--ranks 2] [--batch 64]
 #       [--rows "mlp:sgd mlp:kfac cnn:sgd cnn:kfac"] [--kfac-pytorch DIR] [--kdist-only]
-#       [--build build] [--job PATH] [--json FILE]
+#       [--build build] [--job PATH] [--json FILE] [--timeout 900]
 #
+# --timeout bounds each run in seconds (a peer's gloo rank can spin forever once its partner is
+# gone): a run that fails or times out ends the script with status 1 after the table of the
+# rounds completed so far.
 # --job measures another program with the main job's options in kdist's place: the LibTorch
 # example (build/examples/torch_fashion_mnist) for kdist::torch against the same peers.
 # Without --kfac-pytorch the K-FAC rows run kdist alone and say why; without torch (Debian's
@@ -16,7 +19,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 rounds=3 steps=300 ranks=2 batch=64 rows="mlp:sgd mlp:kfac cnn:sgd cnn:kfac"
-kfac_dir="" kdist_only=0 build="$root/build" json="" job=""
+kfac_dir="" kdist_only=0 build="$root/build" json="" job="" run_timeout=900
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --job) job="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
+    --timeout) run_timeout="$2"; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "side_by_side.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -63,21 +67,39 @@ if [ -n "$kfac_skip" ] && [ -z "$peer_skip" ] && [[ " $rows " == *":kfac "* ]]; 
   echo "side_by_side.sh: kfac-pytorch rows run kdist alone: $kfac_skip"
 fi
 
+summarise() {
+  "$python" "$root/perf/peers/summarise.py" "$results" --ranks "$ranks" --batch "$batch" --steps "$steps" "$@"
+}
+
+# who model optimizer status log: says why a run gave no result, prints the rounds so far, exits 1.
+give_up() {
+  local why="failed (status $4)"
+  if [ "$4" = 124 ] || [ "$4" = 137 ]; then why="gave no result within --timeout $run_timeout s and was stopped"; fi
+  echo "side_by_side.sh: $1 $why ($2 $3):" >&2
+  tail -20 "$5" >&2
+  if [ -s "$results" ]; then
+    echo "side_by_side.sh: the runs completed so far:" >&2
+    summarise >&2 || true
+  fi
+  exit 1
+}
+
 run_peer() {  # model optimizer round
-  local out="$work/peer.json" extra=()
+  local out="$work/peer.json" extra=() status=0
   [ "$2" = kfac ] && extra=(--kfac-pytorch "$kfac_dir")
-  "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" --ranks "$ranks" --batch "$batch" \
-    --limit-steps "$steps" --warmup "$(( steps > 20 ? 10 : 1 ))" "${extra[@]}" --json "$out" >"$work/peer.log" 2>&1 ||
-    { echo "side_by_side.sh: the peer failed ($1 $2):" >&2; tail -20 "$work/peer.log" >&2; exit 1; }
+  timeout -k 10 "$run_timeout" "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" \
+    --ranks "$ranks" --batch "$batch" --limit-steps "$steps" --warmup "$(( steps > 20 ? 10 : 1 ))" "${extra[@]}" \
+    --json "$out" >"$work/peer.log" 2>&1 || status=$?
+  [ "$status" = 0 ] || give_up "the peer" "$1" "$2" "$status" "$work/peer.log"
   "$python" -c "import json,sys; r=json.load(open('$out')); r.update(side='peer', round=$3); print(json.dumps(r))" \
     >>"$results"
 }
 
 run_kdist() {  # model optimizer round
-  local log="$work/kdist.csv"
-  mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 --limit-batches "$steps" \
-    --quiet --log "$log" >"$work/kdist.out" 2>&1 ||
-    { echo "side_by_side.sh: kdist failed ($1 $2):" >&2; tail -20 "$work/kdist.out" >&2; exit 1; }
+  local log="$work/kdist.csv" status=0
+  timeout -k 10 "$run_timeout" mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
+    --limit-batches "$steps" --quiet --log "$log" >"$work/kdist.out" 2>&1 || status=$?
+  [ "$status" = 0 ] || give_up kdist "$1" "$2" "$status" "$work/kdist.out"
   "$python" - "$log" "$1" "$2" "$3" >>"$results" <<'EOF'
 import csv, json, sys
 row = list(csv.DictReader(open(sys.argv[1])))[-1]
@@ -97,5 +119,4 @@ for ((r = 1; r <= rounds; ++r)); do
   done
 done
 
-"$python" "$root/perf/peers/summarise.py" "$results" --ranks "$ranks" --batch "$batch" --steps "$steps" \
-  ${json:+--json "$json"}
+summarise ${json:+--json "$json"}

@@ -29,6 +29,8 @@ def main():
     for model, opt in keys:
         mine = [r for r in runs if (r["model"], r["optimizer"]) == (model, opt)]
         kdist = {r["round"]: r["images_per_second"] for r in mine if r["side"] == "kdist"}
+        if not kdist:  # a run given up on after its peer's: nothing to compare yet
+            continue
         peer = {r["round"]: r["images_per_second"] for r in mine if r["side"] == "peer"}
         names = [r["peer"] for r in mine if r["side"] == "peer"]
         row = {"model": model, "optimizer": opt, "peer": names[0] if names else None,
