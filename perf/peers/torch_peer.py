@@ -20,8 +20,10 @@ import argparse
 import gzip
 import json
 import os
+import socket
 import sys
 import time
+from queue import Empty
 
 MEAN, STD = 0.2860, 0.3530
 
@@ -113,6 +115,43 @@ def worker(rank, args, queue):
     dist.destroy_process_group()
 
 
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(ctx, args):
+    """Starts the ranks and returns rank 0's result. A rank still in gloo's teardown 30 s after the
+    result came is stopped (seen here: the last rank spinning at 100 % once rank 0, which holds the
+    rendezvous store, had left); the result stands. A rank that fails ends the run."""
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(rank, args, queue)) for rank in range(args.ranks)]
+    for p in procs:
+        p.start()
+    row = None
+    while row is None:
+        try:
+            row = queue.get(timeout=1.0)
+        except Empty:
+            failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed or all(p.exitcode == 0 for p in procs):
+                for p in procs:
+                    p.terminate()
+                why = ", ".join(f"rank {r} exited with status {c}" for r, c in failed) or "no rank gave a result"
+                raise RuntimeError(why)
+    for p in procs:
+        p.join(timeout=30)
+    stuck = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in stuck:
+        procs[r].terminate()
+        procs[r].join()
+    if stuck:
+        print(f"torch_peer: rank(s) {stuck} still in gloo's teardown 30 s after the run; stopped (the result stands)",
+              file=sys.stderr)
+    return row
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -132,7 +171,7 @@ def main():
     p.add_argument("--kfac-pytorch", metavar="DIR", help="a kfac-pytorch v0.4.2 source tree (its kfac/ package)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--port", type=int, default=0, help="gloo's rendezvous port (0: a free one)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     if args.lr is None:
@@ -159,10 +198,13 @@ def main():
             print(f"torch_peer: kfac-pytorch does not import from {args.kfac_pytorch}: {e}", file=sys.stderr)
             return 3
         peer = f"kfac-pytorch {kfac.__version__} ({args.kfac_method}) on {peer}"
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    mp.spawn(worker, args=(args, queue), nprocs=args.ranks, join=True)
-    row = queue.get()
+    if args.port == 0:
+        args.port = free_port()
+    try:
+        row = run_ranks(mp.get_context("spawn"), args)
+    except RuntimeError as e:
+        print(f"torch_peer: {e}", file=sys.stderr)
+        return 1
     row.update({"peer": peer, "model": args.model, "optimizer": args.optimizer, "ranks": args.ranks,
                 "batch": args.batch})
     print(f"{peer}, {args.model} {args.optimizer}, {args.ranks} ranks x batch {args.batch}: "
