@@ -15,9 +15,9 @@
 // hands them all over. Inverses (F + damping I)^-1 are recomputed on steps divisible by
 // inverse_every, placed by kfac/placement.hpp: CT inverses are broadcast as packed upper
 // triangles from their owner, each broadcast overlapping the owner's next inverse. Then, per
-// layer, V = G^-1 [dW | db] A^-1 (split_preconditioning: rank r computes the column block
-// G^-1 ([dW | db] A^-1[:, block r]) and the blocks are all-gathered) and the KL clip
-// nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
+// layer, V = G^-1 [dW | db] A^-1, computed as Vᵀ = A^-1 [dW | db]ᵀ G^-1 (split_preconditioning:
+// rank r computes the block A^-1 ([dW | db]ᵀ G^-1[:, block r]) of the layer's outputs and the
+// blocks are all-gathered) and the KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
 // Damping is never written into the running factors.
 //
 // Errors: wrong extents, an unknown layer, hooks out of order or twice, step() before every hook,

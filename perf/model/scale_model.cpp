@@ -127,9 +127,10 @@ double precondition_time(const std::vector<LayerTimes>& layers, const Scenario& 
       t += l.precondition;
       continue;
     }
-    const int w = (l.a_dim + s.ranks - 1) / s.ranks;
-    t += l.precondition * std::min(l.a_dim, w) / l.a_dim;
-    const double gathered = static_cast<double>(l.g_dim) * w * s.ranks * static_cast<double>(element_bytes);
+    // kdist's split: each rank a block of the layer's outputs (columns of Vᵀ), all-gathered.
+    const int w = (l.g_dim + s.ranks - 1) / s.ranks;
+    t += l.precondition * std::min(l.g_dim, w) / l.g_dim;
+    const double gathered = static_cast<double>(l.a_dim) * w * s.ranks * static_cast<double>(element_bytes);
     t += allreduce(gathered / 2);
   }
   return t;

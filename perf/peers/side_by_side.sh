@@ -67,6 +67,16 @@ if [ -n "$kfac_skip" ] && [ -z "$peer_skip" ] && [[ " $rows " == *":kfac "* ]]; 
   echo "side_by_side.sh: kfac-pytorch rows run kdist alone: $kfac_skip"
 fi
 
+# Each run goes through `timeout`, which puts it in a process group of its own so that a stuck
+# run is stopped whole: stdin is closed (a run reading the terminal would stop), and Ctrl-C
+# reaches the run in flight only through --timeout (the script stops after it).
+bounded() {  # log command...: the command under --timeout, its status in $status
+  local log="$1"
+  shift
+  status=0
+  timeout -k 10 "$run_timeout" "$@" </dev/null >"$log" 2>&1 || status=$?
+}
+
 summarise() {
   "$python" "$root/perf/peers/summarise.py" "$results" --ranks "$ranks" --batch "$batch" --steps "$steps" "$@"
 }
@@ -74,7 +84,8 @@ summarise() {
 # who model optimizer status log: says why a run gave no result, prints the rounds so far, exits 1.
 give_up() {
   local why="failed (status $4)"
-  if [ "$4" = 124 ] || [ "$4" = 137 ]; then why="gave no result within --timeout $run_timeout s and was stopped"; fi
+  [ "$4" = 124 ] && why="gave no result within --timeout $run_timeout s and was stopped"
+  [ "$4" = 137 ] && why="was killed (status 137: past --timeout $run_timeout s and deaf to TERM, or out of memory)"
   echo "side_by_side.sh: $1 $why ($2 $3):" >&2
   tail -20 "$5" >&2
   if [ -s "$results" ]; then
@@ -85,20 +96,20 @@ give_up() {
 }
 
 run_peer() {  # model optimizer round
-  local out="$work/peer.json" extra=() status=0
+  local out="$work/peer.json" extra=()
   [ "$2" = kfac ] && extra=(--kfac-pytorch "$kfac_dir")
-  timeout -k 10 "$run_timeout" "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" \
+  bounded "$work/peer.log" "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" \
     --ranks "$ranks" --batch "$batch" --limit-steps "$steps" --warmup "$(( steps > 20 ? 10 : 1 ))" "${extra[@]}" \
-    --json "$out" >"$work/peer.log" 2>&1 || status=$?
+    --json "$out"
   [ "$status" = 0 ] || give_up "the peer" "$1" "$2" "$status" "$work/peer.log"
   "$python" -c "import json,sys; r=json.load(open('$out')); r.update(side='peer', round=$3); print(json.dumps(r))" \
     >>"$results"
 }
 
 run_kdist() {  # model optimizer round
-  local log="$work/kdist.csv" status=0
-  timeout -k 10 "$run_timeout" mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
-    --limit-batches "$steps" --quiet --log "$log" >"$work/kdist.out" 2>&1 || status=$?
+  local log="$work/kdist.csv"
+  bounded "$work/kdist.out" mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
+    --limit-batches "$steps" --quiet --log "$log"
   [ "$status" = 0 ] || give_up kdist "$1" "$2" "$status" "$work/kdist.out"
   "$python" - "$log" "$1" "$2" "$3" >>"$results" <<'EOF'
 import csv, json, sys

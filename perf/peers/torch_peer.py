@@ -135,6 +135,12 @@ def run_ranks(ctx, args):
             row = queue.get(timeout=1.0)
         except Empty:
             failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if not failed and all(p.exitcode == 0 for p in procs):
+                try:  # every rank exited cleanly: the row may have landed since the get timed out
+                    row = queue.get(timeout=1.0)
+                    break
+                except Empty:
+                    pass
             if failed or all(p.exitcode == 0 for p in procs):
                 for p in procs:
                     p.terminate()
