@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -31,8 +32,9 @@ namespace {
 struct Settings {
   std::string model = "mlp", optimizer = "kfac", reduce = "average", data = kdist::nn::kFashionMnistDefaultDir, log;
   int epochs = 10, batch = 64, limit_batches = 0;
-  double lr = -1, momentum = -1, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
+  double lr = -1, momentum = -1, weight_decay = 0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
   int factor_every = 1, inverse_every = 10;
+  bool cosine = false;  // --lr-schedule cosine
   std::uint64_t seed = 1;
   bool quiet = false;
 };
@@ -115,7 +117,7 @@ class Job {
         grads_(world_),
         model_(std::make_shared<Net>(s.model == "cnn")),
         reducer_(*model_, grads_, s.reduce == "adasum" ? kdist::torch::Reduce::adasum : kdist::torch::Reduce::average),
-        sgd_(model_->parameters(), ::torch::optim::SGDOptions(s.lr).momentum(s.momentum)),
+        sgd_(model_->parameters(), ::torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay)),
         batches_(data.train.count, world_.size(), s.batch, s.seed) {
     model_->initialise(s.seed);
     if (s.optimizer == "kfac") {
@@ -134,7 +136,8 @@ class Job {
   std::string describe() const {
     return "torch_fashion_mnist: " + s_.model + ", " + s_.optimizer + ", reduce " + s_.reduce + ", " +
            std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(s_.batch) + ", lr " +
-           std::to_string(s_.lr) + ", momentum " + std::to_string(s_.momentum) + ", seed " + std::to_string(s_.seed) +
+           std::to_string(s_.lr) + (s_.cosine ? " (cosine)" : "") + ", momentum " + std::to_string(s_.momentum) +
+           ", weight decay " + std::to_string(s_.weight_decay) + ", seed " + std::to_string(s_.seed) +
            (kfac_ ? "\n" + kfac_->describe() : "");
   }
 
@@ -149,6 +152,14 @@ class Job {
   }
 
  private:
+  /// --lr-schedule cosine: the main job's lr (1 + cos(pi t)) / 2 at the fraction t of all steps.
+  void set_learning_rate(double progress) {
+    if (!s_.cosine) return;
+    const double lr = s_.lr * 0.5 * (1 + std::cos(M_PI * progress));
+    for (auto& group : sgd_.param_groups()) static_cast<::torch::optim::SGDOptions&>(group.options()).lr(lr);
+    if (kfac_) kfac_->preconditioner().set_learning_rate(lr);
+  }
+
   void step(int k) {
     const auto [x, y] = gather(data_.train, batches_.indices(k, world_.rank()));
     sgd_.zero_grad();
@@ -205,8 +216,10 @@ class Job {
       int steps = batches_.batches();
       if (s_.limit_batches > 0) steps = std::min(steps, s_.limit_batches);
       const double t0 = kdist::Clock::local_now();
-      for (int k = 0; k < steps; ++k)
+      for (int k = 0; k < steps; ++k) {
+        set_learning_rate((e + static_cast<double>(k) / steps) / s_.epochs);
         if (batches_.global_size(k) >= world_.size()) step(k);  // a rank without samples: skip the batch
+      }
       const double seconds = kdist::Clock::local_now() - t0;
       const double loss = sum_over_ranks(grads_, loss_), correct = sum_over_ranks(grads_, correct_),
                    samples = sum_over_ranks(grads_, samples_), test = test_accuracy();
@@ -264,6 +277,18 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.0, 1.0));
     app.add_option("--damping", s.damping, "K-FAC damping")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--kl-clip", s.kl_clip, "K-FAC KL clip")->check(CLI::NonNegativeNumber)->capture_default_str();
+    app.add_option("--weight-decay", s.weight_decay, "L2 weight decay (in the optimizer, after K-FAC)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    std::string schedule = "constant";
+    app.add_option("--lr-schedule", schedule,
+                   "constant, or cosine: lr * (1 + cos(pi * t)) / 2 at the fraction t of "
+                   "all steps taken")
+        ->check(CLI::IsMember({"constant", "cosine"}))
+        ->capture_default_str();
+    app.add_option("--factor-every", s.factor_every, "K-FAC factor period")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     app.add_option("--inverse-every", s.inverse_every, "K-FAC inverse period")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
@@ -275,6 +300,7 @@ int main(int argc, char** argv) {
     app.add_flag("--quiet", s.quiet, "no per-epoch lines");
     try {
       app.parse(argc, argv);
+      s.cosine = schedule == "cosine";
       const bool kfac = s.optimizer == "kfac";
       if (s.lr < 0) s.lr = kfac ? 0.1 : 0.05;
       if (s.momentum < 0) s.momentum = kfac ? 0.0 : 0.9;
