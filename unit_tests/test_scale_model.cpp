@@ -43,9 +43,10 @@ Scenario scenario(int P, kdist::kfac::Strategy st) {
 
 // Shared by the cases at P = 2. End of backward T_b = 6 (fwd + bwd) + 1.75 (factors) = 7.75.
 // Gradients, one call each (planner none): (0.1 + 0.24) + (0.1 + 0.48) = 0.92.
-// Split preconditioning, w = ceil(a / 2) = 2 columns: layer 0 0.4 * 2/3 + all-reduce(2*2*2*4 / 2 = 16 B)
-// = 0.26667 + 0.26, layer 1 0.6 * 2/4 + all-reduce(3*2*2*4 / 2 = 24 B) = 0.3 + 0.34; sum 1.16667.
-constexpr double kTb = 7.75, kGrad = 0.92, kPrecond = 0.4 * 2 / 3 + 0.26 + 0.3 + 0.34;
+// Split preconditioning over the outputs, w = ceil(g / 2): layer 0 (w = 1) 0.4 * 1/2 + all-reduce(
+// a*w*P*4 / 2 = 3*1*2*4 / 2 = 12 B) = 0.2 + 0.22, layer 1 (w = 2) 0.6 * 2/3 + all-reduce(4*2*2*4 / 2
+// = 32 B) = 0.4 + 0.42; sum 1.24.
+constexpr double kTb = 7.75, kGrad = 0.92, kPrecond = 0.4 * 1 / 2 + 0.22 + 0.6 * 2 / 3 + 0.42;
 
 }  // namespace
 
