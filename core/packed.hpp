@@ -90,12 +90,10 @@ void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
   }
 }
 
-/// Fill the upper triangle of the square matrix `full` from `packed`, column pieces copied
-/// contiguously; the strictly lower triangle is not written (for readers of the upper one only:
-/// syrk/potrf/syevd with 'U', pack_upper).
+namespace impl {
+/// Columns j of `packed` into the upper triangle of `full`, contiguous pieces (checked by callers).
 template <class ExecSpace, class Packed, class Full>
-void unpack_upper_triangle(const ExecSpace& exec, const Packed& packed, const Full& full) {
-  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper_triangle", full, packed);
+void unpack_columns(const ExecSpace& exec, const Packed& packed, const Full& full) {
   const int n = static_cast<int>(full.extent(0));
   Kokkos::parallel_for(
       "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
@@ -103,13 +101,22 @@ void unpack_upper_triangle(const ExecSpace& exec, const Packed& packed, const Fu
         for (int i = 0; i <= j; ++i) full(i, j) = packed(base + i);
       });
 }
+}  // namespace impl
 
-/// Fill the square matrix `full` from `packed`: unpack_upper_triangle, then the tiled mirror fills
-/// the lower triangle.
+/// Fill the upper triangle of the square matrix `full` from `packed`; the strictly lower triangle
+/// is not written (for readers of the upper one only: syrk/potrf/syevd with 'U', pack_upper).
+template <class ExecSpace, class Packed, class Full>
+void unpack_upper_triangle(const ExecSpace& exec, const Packed& packed, const Full& full) {
+  impl::check_packed_pair<ExecSpace>("kdist::unpack_upper_triangle", full, packed);
+  impl::unpack_columns(exec, packed, full);
+}
+
+/// Fill the square matrix `full` from `packed`: the upper triangle, then the tiled mirror fills
+/// the lower one.
 template <class ExecSpace, class Packed, class Full>
 void unpack_upper(const ExecSpace& exec, const Packed& packed, const Full& full) {
   impl::check_packed_pair<ExecSpace>("kdist::unpack_upper", full, packed);
-  unpack_upper_triangle(exec, packed, full);
+  impl::unpack_columns(exec, packed, full);
   mirror_upper_to_lower(exec, full);
 }
 

@@ -92,7 +92,8 @@ double Preconditioner<T, M>::phase_end(const execution_space& exec, double t0) c
 
 // A factor step blends the batch's factor F into `pending` (never into `running`) inside the
 // one syrk: pending's upper triangle starts as running's, then becomes xi running + (1 - xi) F.
-// The lower triangle is left stale: the fusion packs the upper one and unpacks in full.
+// The lower triangle is left stale, and stays so: the fusion packs the upper one and scatters the
+// reduced factor back into it alone (upper_only), and every reader of the factors reads no more.
 template <class T, class M>
 const typename Preconditioner<T, M>::Matrix& Preconditioner<T, M>::start_factor(const execution_space& exec, int f) {
   const FactorSlot& slot = factor_slot(f);
@@ -223,7 +224,8 @@ void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
 // V_lᵀ = A_l^-1 [dW_l | db_l]ᵀ G_l^-1 (the factors are symmetric): the row-major weight gradient
 // read along memory is the column-major transpose, so the copies in and out move rows, where the
 // untransposed form had them transpose (split: this rank's block of Vᵀ's columns, the layer's
-// outputs; the all-gathers of every layer in flight together), then nu = min(1, sqrt(kl_clip / |s|)) with
+// outputs; the all-gathers of every layer in flight together), then
+// nu = min(1, sqrt(kl_clip / |s|)) with
 // s = lr^2 sum_l sum_ij V_l . [dW_l | db_l] (kfac-pytorch's and SPD-KFAC's clip), and the
 // caller's gradients become nu V. Nothing is written back until every layer's V is finite. After
 // the gathers every rank holds the same V, so every rank reaches the same verdict.
