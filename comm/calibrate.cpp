@@ -44,13 +44,10 @@ CostModel calibrate_typed(Engine& engine, CostOp op, const CalibrationOptions& o
 }  // namespace
 
 double impl::time_over_ranks(Engine& engine, const std::function<void()>& run) {
-  Kokkos::View<double*, Kokkos::HostSpace> scalar("kdist::calibrate::scalar", 1);
-  engine.allreduce(Host(), scalar, ReduceOp::sum, "kdist::calibrate::barrier").wait();
+  engine.allreduce_values<double>({0.0}, ReduceOp::sum, "kdist::calibrate::barrier");
   const double t0 = Clock::local_now();
   run();
-  scalar(0) = Clock::local_now() - t0;
-  engine.allreduce(Host(), scalar, ReduceOp::max, "kdist::calibrate::max_time").wait();
-  return scalar(0);
+  return engine.allreduce_values<double>({Clock::local_now() - t0}, ReduceOp::max, "kdist::calibrate::max_time")[0];
 }
 
 void impl::check_options(const char* func, const CalibrationOptions& options) {

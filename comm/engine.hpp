@@ -23,6 +23,7 @@
 #include <kdist/core/error.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -197,6 +198,10 @@ class Engine {
   template <class Exec, class V>
   Request allreduce(const Exec& exec, const V& v, ReduceOp op = ReduceOp::sum, std::string label = "allreduce",
                     Layout layout = {});
+  /// Blocking, on the host: `values` reduced over all ranks (collective and checked like
+  /// allreduce). For the few numbers ranks agree on: a job's sums, a status flag, sizes.
+  template <class T>
+  std::vector<T> allreduce_values(std::vector<T> values, ReduceOp op, std::string label);
   /// In place: v := root's v.
   template <class Exec, class V>
   Request broadcast(const Exec& exec, const V& v, int root, std::string label = "broadcast");
@@ -366,6 +371,16 @@ Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string
   return enqueue(OpDescription::allreduce(dtype_of<T>(), static_cast<long long>(v.extent(0)), op, std::move(label),
                                           std::move(layout)),
                  std::move(s));
+}
+
+template <class T>
+std::vector<T> Engine::allreduce_values(std::vector<T> values, ReduceOp op, std::string label) {
+  // A managed view, not one wrapping `values`: after an error the wire may still hold the buffer.
+  Kokkos::View<T*, Kokkos::HostSpace> v(label, values.size());
+  std::copy(values.begin(), values.end(), v.data());
+  allreduce(Kokkos::DefaultHostExecutionSpace(), v, op, std::move(label)).wait();
+  std::copy_n(v.data(), values.size(), values.begin());
+  return values;
 }
 
 template <class Exec, class V>

@@ -129,14 +129,14 @@ FusionPlan decide_plan_on_root(Engine& engine, const std::vector<FusionTensor>& 
                                const PlannerOptions& options) {
   using Host = Kokkos::DefaultHostExecutionSpace;
   const std::size_t n = local.size();
-  Kokkos::View<double*, Kokkos::HostSpace> ready("kdist::comm::plan::ready_times", n);
-  for (std::size_t i = 0; i < n; ++i) ready(i) = local[i].ready;
-  engine.allreduce(Host(), ready, ReduceOp::max, "kdist::comm::decide_plan_on_root: ready times").wait();
+  std::vector<double> ready(n);
+  for (std::size_t i = 0; i < n; ++i) ready[i] = local[i].ready;
+  ready = engine.allreduce_values(std::move(ready), ReduceOp::max, "kdist::comm::decide_plan_on_root: ready times");
   // Group ends, padded with 0: at most one group per tensor.
   Kokkos::View<int*, Kokkos::HostSpace> ends("kdist::comm::plan::group_ends", n);
   if (engine.rank() == 0) {
     std::vector<FusionTensor> t = local;
-    for (std::size_t i = 0; i < n; ++i) t[i].ready = ready(i);
+    for (std::size_t i = 0; i < n; ++i) t[i].ready = ready[i];
     const FusionPlan p = make_plan(t, cost, options);
     for (std::size_t g = 0; g < p.group_end.size(); ++g) ends(g) = p.group_end[g];
   }

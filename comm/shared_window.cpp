@@ -17,13 +17,12 @@ struct SharedWindow::Impl {
 namespace {
 // Every rank asks for the same size, or every rank throws (the Engine's checked max of [b, -b]).
 void agree_on_bytes(Engine& engine, std::size_t bytes) {
-  Kokkos::View<std::int64_t*, Kokkos::HostSpace> v("kdist::comm::SharedWindow bytes", 2);
-  v(0) = static_cast<std::int64_t>(bytes);
-  v(1) = -static_cast<std::int64_t>(bytes);
-  engine.allreduce(Kokkos::DefaultHostExecutionSpace(), v, ReduceOp::max, "shared_window/bytes").wait();
-  if (v(0) != -v(1))
-    kdist::impl::throw_invalid("kdist::comm::SharedWindow", "ranks ask for different sizes: " + std::to_string(-v(1)) +
-                                                                " to " + std::to_string(v(0)) + " bytes (rank " +
+  const auto b = static_cast<std::int64_t>(bytes);
+  const std::vector<std::int64_t> v =
+      engine.allreduce_values<std::int64_t>({b, -b}, ReduceOp::max, "shared_window/bytes");
+  if (v[0] != -v[1])
+    kdist::impl::throw_invalid("kdist::comm::SharedWindow", "ranks ask for different sizes: " + std::to_string(-v[1]) +
+                                                                " to " + std::to_string(v[0]) + " bytes (rank " +
                                                                 std::to_string(engine.rank()) + " asks " +
                                                                 std::to_string(bytes) + ")");
 }

@@ -6,6 +6,7 @@
 #include <kdist/comm/impl/signature_check.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -100,6 +101,22 @@ TEST_CASE("send/recv around a ring", "[comm][engine]") {
   bool ok = true;
   for (int i = 0; i < 33; ++i) ok = ok && hin(i) == ((me + P - 1) % P) * 100 + i;
   CHECK(ok);
+}
+
+TEST_CASE("allreduce_values: host numbers reduced over all ranks, counts checked", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  using I = std::int64_t;
+  const std::vector<I> sums = eng.allreduce_values<I>({me + I(1), I(10) * me, 1}, ReduceOp::sum, "sums");
+  CHECK(sums == std::vector<I>{P * (P + I(1)) / 2, I(10) * P * (P - 1) / 2, P});
+  const std::vector<double> maxima = eng.allreduce_values<double>({-1.0 * me, 0.5 * me}, ReduceOp::max, "maxima");
+  CHECK(maxima == std::vector<double>{0.0, 0.5 * (P - 1)});
+  CHECK(eng.allreduce_values<int>({}, ReduceOp::min, "none").empty());
+  if (P < 2) return;
+  std::vector<int> flags(me == P - 1 ? 2 : 1, 1);
+  REQUIRE_THROWS_WITH(eng.allreduce_values(flags, ReduceOp::max, "flags"),
+                      Catch::Contains("'flags'") && Catch::Contains("count=1") && Catch::Contains("count=2"));
 }
 
 TEST_CASE("Engine::shares_node agrees with the shared-memory node communicator", "[comm][engine]") {
