@@ -1,11 +1,11 @@
 // The command line of the main job (fashion_mnist) and of the workers study
 // (fashion_mnist_workers), parsed once: every choice (--model, --optimizer, --strategy, --reduce,
-// --lr-schedule) becomes an enum here, so the programs switch on enums and never compare strings.
-// A choice is spelled as before and rejected as CLI::IsMember rejects ("--model: foo not in
-// {mlp,cnn}"); --help shows its names and default ("TEXT:{mlp,cnn}=mlp"), never the enum's number.
-// add_options() declares the options a program takes, in --help's order: the workers study is
-// SGD only (its --optimizer takes sgd alone), has no K-FAC options and no --checkpoint /
-// --resume, and only it has --workers-per-rank (moved_option_hint() points a main-job user there).
+// --lr-schedule) becomes an enum here, so the programs switch on enums and never compare strings
+// (examples/common/training_options.hpp's add_choice; the K-FAC options and the schedule are
+// shared with the LibTorch job there). add_options() declares the options a program takes, in
+// --help's order: the workers study is SGD only (its --optimizer takes sgd alone), has no K-FAC
+// options and no --checkpoint / --resume, and only it has --workers-per-rank (moved_option_hint()
+// points a main-job user there).
 // resolve_defaults() fills the optimizer-dependent defaults (lr, momentum) after parsing;
 // checkpoint.hpp's resolve_batch() the per-rank batch of --global-batch or of a resumed checkpoint.
 #pragma once
@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/training_options.hpp"
 #include "model.hpp"
 
 namespace fmnist {
@@ -26,27 +27,15 @@ namespace fmnist {
 enum class Program { main_job, workers_study };
 enum class Optimizer { sgd, kfac };
 enum class Reduce { average, adasum };
-enum class Schedule { constant, cosine };
-
-/// A choice's spellings, in --help's order.
-template <class E>
-using Names = std::vector<std::pair<std::string, E>>;
+using examples::add_choice;
+using examples::kScheduleNames;
+using examples::name_of;
+using examples::Names;
+using examples::Schedule;
 
 inline const Names<ModelKind> kModelNames{{"mlp", ModelKind::mlp}, {"cnn", ModelKind::cnn}};
 inline const Names<Optimizer> kOptimizerNames{{"sgd", Optimizer::sgd}, {"kfac", Optimizer::kfac}};
-inline const Names<kdist::kfac::Strategy> kStrategyNames{
-    {kdist::kfac::to_string(kdist::kfac::Strategy::spd), kdist::kfac::Strategy::spd},
-    {kdist::kfac::to_string(kdist::kfac::Strategy::mpdkfac), kdist::kfac::Strategy::mpdkfac},
-    {kdist::kfac::to_string(kdist::kfac::Strategy::dkfac), kdist::kfac::Strategy::dkfac}};
 inline const Names<Reduce> kReduceNames{{"average", Reduce::average}, {"adasum", Reduce::adasum}};
-inline const Names<Schedule> kScheduleNames{{"constant", Schedule::constant}, {"cosine", Schedule::cosine}};
-
-template <class E>
-std::string name_of(const Names<E>& names, E value) {
-  for (const auto& [name, e] : names)
-    if (e == value) return name;
-  return "?";
-}
 
 inline const char* program_name(Program p) {
   return p == Program::main_job ? "fashion_mnist" : "fashion_mnist_workers";
@@ -56,19 +45,19 @@ struct Settings {
   Program program = Program::main_job;
   ModelKind model = ModelKind::mlp;
   Optimizer optimizer = Optimizer::kfac;
-  kdist::kfac::Strategy strategy = kdist::kfac::Strategy::spd;
   Reduce reduce = Reduce::average;
   Schedule schedule = Schedule::constant;
-  int epochs = 10, batch = 64, workers = 1, factor_every = 1, inverse_every = 10, limit_batches = 0;
+  int epochs = 10, batch = 64, workers = 1, limit_batches = 0;
   // lr and momentum < 0: the optimizer's default (sgd: 0.05 and 0.9; kfac: 0.1 and 0).
-  double lr = -1, momentum = -1, weight_decay = 0.0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
+  double lr = -1, momentum = -1, weight_decay = 0.0;
+  kdist::kfac::Options kfac = examples::kfac_job_defaults();  // lr and timeline: the Trainer's
   long long global_batch = 0;  // > 0: --global-batch (or a resumed checkpoint's); batch = global / ranks
   bool batch_given = false;    // --batch was on the command line
   int checkpoint_every = 0;    // also save every this many steps (0: at epoch ends only)
   int stop_after = 0;          // > 0: end after this many steps of this run, saving the checkpoint
   std::uint64_t seed = 1;
   std::string data = kdist::nn::kFashionMnistDefaultDir, trace, log, checkpoint, resume, save_model;
-  bool quiet = false, replicated_precondition = false;
+  bool quiet = false;
 };
 
 /// The optimizer's lr and momentum where the command line left them unset.
@@ -77,30 +66,6 @@ inline void resolve_defaults(Settings& s) {
   if (s.lr < 0) s.lr = kfac ? 0.1 : 0.05;
   if (s.momentum < 0) s.momentum = kfac ? 0.0 : 0.9;
 }
-
-namespace detail {
-/// One of `names` into `value`: the option converts the name to the enum's number itself, so
-/// a number typed on the command line is refused like any other word that is not a name.
-template <class E>
-CLI::Option* add_choice(CLI::App& app, const std::string& flag, E& value, const Names<E>& names,
-                        const std::string& help) {
-  std::string set;
-  for (const auto& n : names) set += (set.empty() ? "{" : ",") + n.first;
-  set += "}";
-  const CLI::Validator to_number(
-      [names, set](std::string& input) {
-        for (const auto& [name, e] : names)
-          if (input == name) {
-            input = std::to_string(static_cast<int>(e));
-            return std::string();
-          }
-        return input + " not in " + set;
-      },
-      set);
-  return app.add_option(flag, value, help)->transform(to_number)->type_name("TEXT")->default_str(name_of(names, value));
-}
-
-}  // namespace detail
 
 /// The main job's pointer to the program an option given in argv has moved to, or "": printed
 /// under CLI11's "The following argument was not expected" (the option is unknown here).
@@ -122,14 +87,13 @@ inline void add_options(CLI::App& app, Settings& s, Program program) {
     s.optimizer = Optimizer::sgd;
     resolve_defaults(s);  // SGD's: shown as the defaults
   }
-  detail::add_choice(app, "--model", s.model, kModelNames, "mlp (784-256-128-10) or cnn (2 conv + pooling, 2 dense)");
+  add_choice(app, "--model", s.model, kModelNames, "mlp (784-256-128-10) or cnn (2 conv + pooling, 2 dense)");
   if (job) {
-    detail::add_choice(app, "--optimizer", s.optimizer, kOptimizerNames, "sgd or kfac (K-FAC preconditioned SGD)");
-    detail::add_choice(app, "--strategy", s.strategy, kStrategyNames, "K-FAC strategy: spd, mpdkfac or dkfac");
+    add_choice(app, "--optimizer", s.optimizer, kOptimizerNames, "sgd or kfac (K-FAC preconditioned SGD)");
   } else {  // taken, so that a main-job command line runs here as it is
-    detail::add_choice(app, "--optimizer", s.optimizer, Names<Optimizer>{kOptimizerNames.front()}, "sgd only");
+    add_choice(app, "--optimizer", s.optimizer, Names<Optimizer>{kOptimizerNames.front()}, "sgd only");
   }
-  detail::add_choice(app, "--reduce", s.reduce, kReduceNames, "average (gradients) or adasum (parameter deltas)");
+  add_choice(app, "--reduce", s.reduce, kReduceNames, "average (gradients) or adasum (parameter deltas)");
   app.add_option("--epochs", s.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
   CLI::Option* batch =
       app.add_option("--batch", s.batch, job ? "samples per rank per step" : "samples per worker per step")
@@ -149,8 +113,7 @@ inline void add_options(CLI::App& app, Settings& s, Program program) {
     app.add_option("--lr", s.lr, "learning rate [default: 0.05 with sgd, 0.1 with kfac]")->check(CLI::PositiveNumber);
   else
     app.add_option("--lr", s.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  detail::add_choice(app, "--lr-schedule", s.schedule, kScheduleNames,
-                     "constant, or cosine: lr * (1 + cos(pi * t)) / 2 at the fraction t of all steps taken");
+  examples::add_schedule_option(app, s.schedule);
   if (job)
     app.add_option("--momentum", s.momentum, "SGD momentum [default: 0.9 with sgd, 0 with kfac]")
         ->check(CLI::Range(0.0, 1.0));
@@ -159,23 +122,7 @@ inline void add_options(CLI::App& app, Settings& s, Program program) {
   app.add_option("--weight-decay", s.weight_decay, "L2 weight decay")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  if (job) {
-    app.add_option("--damping", s.damping, "K-FAC damping gamma")->check(CLI::PositiveNumber)->capture_default_str();
-    app.add_option("--factor-decay", s.factor_decay, "K-FAC running-average decay xi in [0, 1)")
-        ->check(CLI::Range(0.0, 0.999999))
-        ->capture_default_str();
-    app.add_option("--kl-clip", s.kl_clip, "K-FAC KL clip (0: off)")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
-    app.add_option("--factor-every", s.factor_every, "K-FAC factor update period")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--inverse-every", s.inverse_every, "K-FAC inverse update period")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_flag("--replicated-precondition", s.replicated_precondition,
-                 "K-FAC: every rank preconditions every layer (default: split into column blocks, all-gathered)");
-  }
+  if (job) examples::add_kfac_options(app, s.kfac);
   app.add_option("--seed", s.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--data", s.data, "directory with the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--trace", s.trace, "write a Chrome trace of the run (chrome://tracing, Perfetto)");

@@ -89,14 +89,7 @@ class Trainer {
         batches_(data.train.count, world_.size() * s.workers, s.batch, s.seed) {
     timeline_.enable(!s.trace.empty());
     if (s.optimizer == Optimizer::kfac) {
-      kfac::Options o;
-      o.strategy = s.strategy;
-      o.damping = s.damping;
-      o.factor_decay = s.factor_decay;
-      o.factor_every = s.factor_every;
-      o.inverse_every = s.inverse_every;
-      o.kl_clip = s.kl_clip;
-      o.split_preconditioning = !s.replicated_precondition;
+      kfac::Options o = s.kfac;
       o.lr = s.lr;
       o.timeline = &timeline_;
       kfac_engine_ = std::make_unique<comm::Engine>(world_);  // K-FAC's own stream, beside grads_
@@ -169,9 +162,6 @@ class Trainer {
   EpochStats epoch(int e, const Position& from, Progress& progress);
   void set_learning_rate(double progress);
   double test_accuracy();
-  /// In place: every x[i] summed over the ranks (through the gradient Engine: a failed peer
-  /// raises here with its reason instead of hanging).
-  void sum_over_ranks(std::vector<double>& x);
   /// `mine` (this rank's since `before`) summed over the ranks, added to `before`.
   EpochStats totals(const EpochStats& mine, const EpochStats& before, double seconds);
   void save(const Position& at);
@@ -246,7 +236,7 @@ inline void Trainer::reduce_and_update(int local, int global) {
 // so a resumed run follows the same schedule).
 inline void Trainer::set_learning_rate(double progress) {
   if (s_.schedule == Schedule::constant) return;
-  apply_learning_rate(s_.lr * 0.5 * (1 + std::cos(M_PI * progress)));
+  apply_learning_rate(examples::learning_rate(s_.schedule, s_.lr, progress));
 }
 
 inline Trainer::EpochStats Trainer::epoch(int e, const Position& from, Progress& progress) {
@@ -275,16 +265,9 @@ inline Trainer::EpochStats Trainer::epoch(int e, const Position& from, Progress&
   return totals(st, from.so_far, Clock::local_now() - t0);
 }
 
-inline void Trainer::sum_over_ranks(std::vector<double>& x) {
-  Kokkos::View<double*, Kokkos::HostSpace> v("fmnist::sums", x.size());
-  std::copy(x.begin(), x.end(), v.data());
-  grads_.allreduce(Kokkos::DefaultHostExecutionSpace(), v, comm::ReduceOp::sum, "fashion_mnist sums").wait();
-  std::copy_n(v.data(), x.size(), x.begin());
-}
-
 inline Trainer::EpochStats Trainer::totals(const EpochStats& mine, const EpochStats& before, double seconds) {
-  std::vector<double> x{mine.loss, mine.samples, mine.correct};
-  sum_over_ranks(x);
+  const std::vector<double> x = grads_.allreduce_values<double>({mine.loss, mine.samples, mine.correct},
+                                                                comm::ReduceOp::sum, "fashion_mnist sums");
   EpochStats all;
   all.loss = before.loss + x[0];
   all.samples = before.samples + x[1];
@@ -306,9 +289,7 @@ inline double Trainer::test_accuracy() {
     correct += loss_.correct(exec, model_.forward(exec, b.x), b.y);
   }
   model_.attach(kfac_.get());
-  std::vector<double> x{correct};
-  sum_over_ranks(x);
-  return x[0] / n;
+  return grads_.allreduce_values<double>({correct}, comm::ReduceOp::sum, "fashion_mnist test accuracy")[0] / n;
 }
 
 inline void Trainer::run() {

@@ -49,8 +49,7 @@ inline void Trainer::save(const Position& at) {
     if (kfac_) kfac_->save_to(out);
     out.write(s_.checkpoint, "fashion_mnist --checkpoint");
   }
-  std::vector<double> written{1};
-  sum_over_ranks(written);
+  grads_.allreduce_values<int>({1}, comm::ReduceOp::sum, "fashion_mnist checkpoint written");
 }
 
 // Everything is read and checked first (the job's fields, every section's size, the K-FAC

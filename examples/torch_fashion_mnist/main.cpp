@@ -22,19 +22,21 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "../common/training_options.hpp"
 
 namespace {
 
 struct Settings {
   std::string model = "mlp", optimizer = "kfac", reduce = "average", data = kdist::nn::kFashionMnistDefaultDir, log;
   int epochs = 10, batch = 64, limit_batches = 0;
-  double lr = -1, momentum = -1, weight_decay = 0, damping = 0.3, factor_decay = 0.95, kl_clip = 0.03;
-  int factor_every = 1, inverse_every = 10;
-  bool cosine = false;  // --lr-schedule cosine
+  double lr = -1, momentum = -1, weight_decay = 0;
+  kdist::kfac::Options kfac = examples::kfac_job_defaults();  // lr: this job's --lr
+  examples::Schedule schedule = examples::Schedule::constant;
   std::uint64_t seed = 1;
   bool quiet = false;
 };
@@ -100,14 +102,6 @@ std::pair<at::Tensor, at::Tensor> gather(const kdist::nn::Dataset& d, const std:
   return {x, y};
 }
 
-double sum_over_ranks(kdist::comm::Engine& engine, double x) {
-  Kokkos::View<double*, Kokkos::HostSpace> v("sum", 1);
-  v(0) = x;
-  engine.allreduce(Kokkos::DefaultHostExecutionSpace(), v, kdist::comm::ReduceOp::sum, "torch_fashion_mnist sums")
-      .wait();
-  return v(0);
-}
-
 class Job {
  public:
   Job(const Settings& s, const kdist::nn::FashionMnist& data)
@@ -121,13 +115,8 @@ class Job {
         batches_(data.train.count, world_.size(), s.batch, s.seed) {
     model_->initialise(s.seed);
     if (s.optimizer == "kfac") {
-      kdist::kfac::Options o;
-      o.damping = s.damping;
-      o.factor_decay = s.factor_decay;
-      o.kl_clip = s.kl_clip;
+      kdist::kfac::Options o = s.kfac;
       o.lr = s.lr;
-      o.factor_every = s.factor_every;
-      o.inverse_every = s.inverse_every;
       kfac_engine_ = std::make_unique<kdist::comm::Engine>(world_);
       kfac_ = std::make_unique<kdist::torch::KFAC>(*model_, *kfac_engine_, o);
     }
@@ -136,9 +125,9 @@ class Job {
   std::string describe() const {
     return "torch_fashion_mnist: " + s_.model + ", " + s_.optimizer + ", reduce " + s_.reduce + ", " +
            std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(s_.batch) + ", lr " +
-           std::to_string(s_.lr) + (s_.cosine ? " (cosine)" : "") + ", momentum " + std::to_string(s_.momentum) +
-           ", weight decay " + std::to_string(s_.weight_decay) + ", seed " + std::to_string(s_.seed) +
-           (kfac_ ? "\n" + kfac_->describe() : "");
+           std::to_string(s_.lr) + " (" + examples::name_of(examples::kScheduleNames, s_.schedule) + ")" +
+           ", momentum " + std::to_string(s_.momentum) + ", weight decay " + std::to_string(s_.weight_decay) +
+           ", seed " + std::to_string(s_.seed) + (kfac_ ? "\n" + kfac_->describe() : "");
   }
 
   void run() {
@@ -152,10 +141,10 @@ class Job {
   }
 
  private:
-  /// --lr-schedule cosine: the main job's lr (1 + cos(pi t)) / 2 at the fraction t of all steps.
+  /// --lr-schedule: the rate at the fraction of all steps taken, as in the main job.
   void set_learning_rate(double progress) {
-    if (!s_.cosine) return;
-    const double lr = s_.lr * 0.5 * (1 + std::cos(M_PI * progress));
+    if (s_.schedule == examples::Schedule::constant) return;
+    const double lr = examples::learning_rate(s_.schedule, s_.lr, progress);
     for (auto& group : sgd_.param_groups()) static_cast<::torch::optim::SGDOptions&>(group.options()).lr(lr);
     if (kfac_) kfac_->preconditioner().set_learning_rate(lr);
   }
@@ -205,7 +194,7 @@ class Job {
       correct += model_->forward(x, nullptr).argmax(1).eq(y).sum().item<double>();
     }
     model_->train();
-    return sum_over_ranks(grads_, correct) / n;
+    return grads_.allreduce_values<double>({correct}, kdist::comm::ReduceOp::sum, "torch_fashion_mnist test")[0] / n;
   }
 
   void train() {
@@ -221,8 +210,9 @@ class Job {
         if (batches_.global_size(k) >= world_.size()) step(k);  // a rank without samples: skip the batch
       }
       const double seconds = kdist::Clock::local_now() - t0;
-      const double loss = sum_over_ranks(grads_, loss_), correct = sum_over_ranks(grads_, correct_),
-                   samples = sum_over_ranks(grads_, samples_), test = test_accuracy();
+      const std::vector<double> sums = grads_.allreduce_values<double>(
+          {loss_, correct_, samples_}, kdist::comm::ReduceOp::sum, "torch_fashion_mnist sums");
+      const double loss = sums[0], correct = sums[1], samples = sums[2], test = test_accuracy();
       char line[256];
       std::snprintf(line, sizeof line, "%d,%.6f,%.4f,%.4f,%.3f,%.0f", e + 1, loss / samples, correct / samples, test,
                     seconds, samples / seconds);
@@ -275,23 +265,11 @@ int main(int argc, char** argv) {
     app.add_option("--lr", s.lr, "learning rate [default: 0.05 with sgd, 0.1 with kfac]")->check(CLI::PositiveNumber);
     app.add_option("--momentum", s.momentum, "SGD momentum [default: 0.9 with sgd, 0 with kfac]")
         ->check(CLI::Range(0.0, 1.0));
-    app.add_option("--damping", s.damping, "K-FAC damping")->check(CLI::PositiveNumber)->capture_default_str();
-    app.add_option("--kl-clip", s.kl_clip, "K-FAC KL clip")->check(CLI::NonNegativeNumber)->capture_default_str();
     app.add_option("--weight-decay", s.weight_decay, "L2 weight decay (in the optimizer, after K-FAC)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
-    std::string schedule = "constant";
-    app.add_option("--lr-schedule", schedule,
-                   "constant, or cosine: lr * (1 + cos(pi * t)) / 2 at the fraction t of "
-                   "all steps taken")
-        ->check(CLI::IsMember({"constant", "cosine"}))
-        ->capture_default_str();
-    app.add_option("--factor-every", s.factor_every, "K-FAC factor period")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    app.add_option("--inverse-every", s.inverse_every, "K-FAC inverse period")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    examples::add_schedule_option(app, s.schedule);
+    examples::add_kfac_options(app, s.kfac);
     app.add_option("--seed", s.seed, "initialisation and shuffling seed")->capture_default_str();
     app.add_option("--data", s.data, "directory with the Fashion-MNIST IDX files")->capture_default_str();
     app.add_option("--log", s.log, "CSV, one line per epoch (the main job's columns)");
@@ -300,7 +278,6 @@ int main(int argc, char** argv) {
     app.add_flag("--quiet", s.quiet, "no per-epoch lines");
     try {
       app.parse(argc, argv);
-      s.cosine = schedule == "cosine";
       const bool kfac = s.optimizer == "kfac";
       if (s.lr < 0) s.lr = kfac ? 0.1 : 0.05;
       if (s.momentum < 0) s.momentum = kfac ? 0.0 : 0.9;
