@@ -40,8 +40,9 @@ struct Options {
   double kl_clip = 1e-3;       ///< kappa of the KL clip; 0 turns clipping off
   double lr = 0.1;             ///< learning rate the KL clip assumes (set_learning_rate tracks it)
   InverseMethod inverse_method = InverseMethod::cholesky;
-  /// Preconditioning split over the ranks: each computes one block of columns of every layer's
-  /// V = G^-1 [dW | db] A^-1 and the blocks are all-gathered (1/P of the products per rank).
+  /// Preconditioning split over the ranks: each computes one block of every layer's
+  /// V = G^-1 [dW | db] A^-1, of its outputs (rows) or inputs (columns), whichever leaves the
+  /// busiest rank less work (kfac/precondition_split.hpp), and the blocks are all-gathered.
   /// false: every rank computes all of V (the paper's and kfac-pytorch's COMM_OPT layout).
   bool split_preconditioning = true;
   /// Factor steps whose measured ready times feed the first fusion plan (planned once, after

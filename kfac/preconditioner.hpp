@@ -16,8 +16,9 @@
 // inverse_every, placed by kfac/placement.hpp: CT inverses are broadcast as packed upper
 // triangles from their owner, each broadcast overlapping the owner's next inverse. Then, per
 // layer, V = G^-1 [dW | db] A^-1, computed as Vᵀ = A^-1 [dW | db]ᵀ G^-1 (split_preconditioning:
-// rank r computes the block A^-1 ([dW | db]ᵀ G^-1[:, block r]) of the layer's outputs and the
-// blocks are all-gathered) and the KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
+// rank r computes its block of the layer's outputs, or of its inputs where that leaves the
+// busiest rank less work, kfac/precondition_split.hpp, and the blocks are all-gathered) and the
+// KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
 // Damping is never written into the running factors.
 //
 // Errors: wrong extents, an unknown layer, hooks out of order or twice, step() before every hook,
@@ -172,11 +173,10 @@ class Preconditioner {
   void invert(const execution_space& exec, int f);
   void precondition(const execution_space& exec, const std::vector<Gradient>& gradients);
   comm::Request precondition_block(const execution_space& exec, int l);
-  /// Layer l's Vᵀ (a_dim x outputs): the first g_dim columns of its result (padded to size x
-  /// block columns).
+  /// Layer l's Vᵀ (a_dim x outputs): the first g_dim columns of its result (split over outputs:
+  /// padded to size x block columns).
   Matrix preconditioned(int l) const;
   bool split() const noexcept { return options_.split_preconditioning && engine_.size() > 1; }
-  int block_columns(int l) const { return (layer(l).g_dim() + engine_.size() - 1) / engine_.size(); }
   /// Empty when gradient g fits layer l, else the message.
   std::string check_gradient(int l, const Gradient& g) const;
   void maybe_replan();

@@ -34,8 +34,9 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     variants.push_back({comm::to_string(p), o});
   }
   {
-    // The default splits the preconditioning into blocks of each layer's outputs (at 3 ranks the
-    // last rank of the 4-output layer has none); this computes all of it on every rank.
+    // The default splits each layer's preconditioning into blocks of its outputs or of its inputs
+    // (both at 2-4 ranks, with short last blocks: the next test case); this computes all of it on
+    // every rank.
     Options o = base_options();
     o.split_preconditioning = false;
     variants.push_back({"preconditioning on every rank", o});
@@ -76,6 +77,38 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     }
     CHECK(kfac.stats().steps == steps);
   }
+}
+
+TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does less", "[kfac]") {
+  using kdist::kfac::precondition_split;
+  using kdist::kfac::SplitAxis;
+  const auto is = [](kdist::kfac::PreconditionSplit s, SplitAxis axis, int block) {
+    return s.axis == axis && s.block == block;
+  };
+  CHECK(is(precondition_split(785, 256, 2), SplitAxis::outputs, 128));  // the MLP's first layer
+  CHECK(is(precondition_split(129, 10, 16), SplitAxis::inputs, 9));     // 9 * 10 < 1 * 129
+  CHECK(is(precondition_split(129, 10, 2), SplitAxis::outputs, 5));     // 5 * 129 < 65 * 10
+  CHECK(is(precondition_split(13, 3, 2), SplitAxis::inputs, 7));        // blocks 7 and 6
+  CHECK(is(precondition_split(8, 4, 2), SplitAxis::outputs, 2));        // a tie keeps the outputs
+  CHECK(is(precondition_split(4, 2, 3), SplitAxis::outputs, 1));        // rank 2 has no block
+  CHECK(is(precondition_split(5, 7, 1), SplitAxis::outputs, 7));
+  // A one-output layer splits over its inputs at every rank count: blocks of 3 and 2 rows at 2
+  // ranks, 2, 2, 1 at 3, and 2, 2, 1 and none at 4; Dense(7, 4) over outputs at 2 and 4 ranks,
+  // over inputs at 3.
+  const std::vector<Layer> narrow = {Dense(7, 4, true), Dense(4, 1, true)};
+  {
+    comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> kfac(kfac_engine, narrow, base_options());
+    const auto got = train(kfac, narrow, 0, 3);
+    const auto want = reference(narrow, base_options(), 3);
+    for (int s = 0; s < 3; ++s) CHECK(max_relative(got[s], want[s]) < 1e-6);
+  }
+  // The test network at 2 ranks: the convolution (a 13, g 3) over inputs, Dense(7, 4) (a 8, g 4)
+  // over outputs; the dense reference above checks the numbers at every rank count.
+  if (world_size() != 2) return;
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, network(), base_options());
+  CHECK_THAT(kfac.describe(), Catch::Contains("blocks of 7 inputs") && Catch::Contains("blocks of 2 outputs"));
 }
 
 TEST_CASE("kfac: float follows the double reference", "[kfac]") {

@@ -43,10 +43,12 @@ Scenario scenario(int P, kdist::kfac::Strategy st) {
 
 // Shared by the cases at P = 2. End of backward T_b = 6 (fwd + bwd) + 1.75 (factors) = 7.75.
 // Gradients, one call each (planner none): (0.1 + 0.24) + (0.1 + 0.48) = 0.92.
-// Split preconditioning over the outputs, w = ceil(g / 2): layer 0 (w = 1) 0.4 * 1/2 + all-reduce(
-// a*w*P*4 / 2 = 3*1*2*4 / 2 = 12 B) = 0.2 + 0.22, layer 1 (w = 2) 0.6 * 2/3 + all-reduce(4*2*2*4 / 2
-// = 32 B) = 0.4 + 0.42; sum 1.24.
-constexpr double kTb = 7.75, kGrad = 0.92, kPrecond = 0.4 * 1 / 2 + 0.22 + 0.6 * 2 / 3 + 0.42;
+// Split preconditioning (kfac::precondition_split): layer 0 over its outputs (busiest rank
+// ceil(2/2) * a = 3 against ceil(3/2) * g = 4 over inputs), w = 1: 0.4 * 1/2 + all-reduce(a*w*P*4 / 2
+// = 3*1*2*4 / 2 = 12 B) = 0.2 + 0.22; layer 1 over its inputs (ceil(4/2) * 3 = 6 against
+// ceil(3/2) * 4 = 8), w = 2: 0.6 * 2/4 + all-reduce(g*w*P*4 / 2 = 3*2*2*4 / 2 = 24 B) = 0.3 + 0.34;
+// sum 1.06.
+constexpr double kTb = 7.75, kGrad = 0.92, kPrecond = 0.4 * 1 / 2 + 0.22 + 0.6 * 2 / 4 + 0.34;
 
 }  // namespace
 
@@ -64,6 +66,12 @@ TEST_CASE("scale model: D-KFAC at 2 ranks, by hand", "[scale_model]") {
   CHECK(b.precondition == Approx(kPrecond));
   CHECK(b.total == Approx(kTb + kGrad + 1.1 + 1.26 + kPrecond));
   CHECK(p.factor_plan.groups() == 1);
+  // The gradient copies count once per layer; split over inputs, the un-blocking copy adds half.
+  std::vector<LayerTimes> copying = two_layers();
+  copying[0].precondition_copy = 0.1;
+  copying[1].precondition_copy = 0.2;
+  const Prediction c = predict(copying, linear_models(), scenario(2, kdist::kfac::Strategy::dkfac));
+  CHECK(c.phases.precondition == Approx(kPrecond + 0.1 + 0.2 * 1.5));
 }
 
 TEST_CASE("scale model: SPD-KFAC at 2 ranks, by hand", "[scale_model]") {

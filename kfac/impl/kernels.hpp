@@ -72,6 +72,23 @@ double inner(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
+/// Vᵀ (a x g, column-major) from the all-gathered row blocks of split preconditioning over inputs:
+/// rank p's rows [p r, p r + n) lie column-major (leading dimension n = min(r, a - p r)) from
+/// offset p r g; ranks past the last row sent nothing of use.
+template <class Exec, class VV, class MV>
+void unblock_rows(const Exec& exec, const VV& gathered, int block_rows, const MV& Vt) {
+  const int a = static_cast<int>(Vt.extent(0)), g = static_cast<int>(Vt.extent(1)), r = block_rows;
+  Kokkos::parallel_for(
+      "kdist::kfac::unblock_rows", Kokkos::RangePolicy<Exec>(exec, 0, g), KOKKOS_LAMBDA(const int j) {
+        auto* const v = &Vt(0, j);
+        for (int i0 = 0; i0 < a; i0 += r) {
+          const int n = a - i0 < r ? a - i0 : r;
+          const auto* const block = &gathered(static_cast<std::size_t>(i0) * g + static_cast<std::size_t>(j) * n);
+          for (int i = 0; i < n; ++i) v[i0 + i] = block[i];
+        }
+      });
+}
+
 /// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
 template <class Exec, class GV, class BV, class MV, class T>
 void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {

@@ -19,7 +19,7 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   switches_ = resolve(options_);
   if (!options_.cost_models.empty()) models_ = CostModelStore::load(options_.cost_models);
   const int P = engine_.size(), L = static_cast<int>(layers.size());
-  for (Layer& given : layers) layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, 0, 0});
+  for (Layer& given : layers) layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, {}, {}, 0, 0});
   std::vector<PlacementItem> items;
   std::vector<typename Fused::Tensor> tensors;
   for (int f = 0; f < 2 * L; ++f) {
@@ -45,10 +45,17 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   fused_ = std::make_unique<Fused>(engine_, tensors, Fused::average());
   for (int l = 0; l < L; ++l) {
     LayerSlot& slot = layer_slot(l);
-    const int a = slot.layer.a_dim(), columns = split() ? P * block_columns(l) : slot.layer.g_dim();
-    slot.gradient = Matrix("kdist::kfac::gradient", a, slot.layer.g_dim());
-    slot.result = Matrix("kdist::kfac::preconditioned", a, columns);
-    if (split()) slot.block = Matrix("kdist::kfac::preconditioned_block", a, block_columns(l));
+    const int a = slot.layer.a_dim(), g = slot.layer.g_dim();
+    slot.gradient = Matrix("kdist::kfac::gradient", a, g);
+    slot.split = precondition_split(a, g, P);
+    const int w = slot.split.block;
+    const bool by_outputs = split() && slot.split.axis == SplitAxis::outputs;
+    slot.result = Matrix("kdist::kfac::preconditioned", a, by_outputs ? P * w : g);
+    if (by_outputs) slot.block = Matrix("kdist::kfac::preconditioned_block", a, w);
+    if (split() && !by_outputs) {
+      slot.block = Matrix("kdist::kfac::preconditioned_block", w, g);
+      slot.gathered = Vector("kdist::kfac::preconditioned_blocks", static_cast<std::size_t>(P) * w * g);
+    }
   }
   replan_after_ = options_.profile_steps;
   Kokkos::fence();
@@ -223,8 +230,8 @@ void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
 // V_l = G_l^-1 [dW_l | db_l] A_l^-1 for every layer, computed as its transpose
 // V_lᵀ = A_l^-1 [dW_l | db_l]ᵀ G_l^-1 (the factors are symmetric): the row-major weight gradient
 // read along memory is the column-major transpose, so the copies in and out move rows, where the
-// untransposed form had them transpose (split: this rank's block of Vᵀ's columns, the layer's
-// outputs; the all-gathers of every layer in flight together), then
+// untransposed form had them transpose (split: this rank's block of the layer's outputs or inputs,
+// kfac/precondition_split.hpp; the all-gathers of every layer in flight together), then
 // nu = min(1, sqrt(kl_clip / |s|)) with
 // s = lr^2 sum_l sum_ij V_l . [dW_l | db_l] (kfac-pytorch's and SPD-KFAC's clip), and the
 // caller's gradients become nu V. Nothing is written back until every layer's V is finite. After
@@ -248,6 +255,10 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
     gemm(exec, "N", "N", T(1), factor_slot(a_index(l)).inverse, R, T(0), preconditioned(l));
   }
   for (comm::Request& r : gathers) r.wait();
+  for (int l = 0; l < layers() && split(); ++l) {
+    const LayerSlot& slot = layer_slot(l);
+    if (slot.split.axis == SplitAxis::inputs) impl::unblock_rows(exec, slot.gathered, slot.split.block, slot.result);
+  }
   double total = 0;
   for (int l = 0; l < layers(); ++l) {
     const Matrix& W = layer_slot(l).gradient;
@@ -268,24 +279,33 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   stats_.precondition += phase_end(exec, t0);
 }
 
-// This rank's block of Vᵀ's columns (the layer's outputs) [c0, c1): A^-1 (Wᵀ G^-1[:, c0:c1]) into
-// the layer's block, then the all-gather of every rank's block into its result (columns padded
-// to size x block columns; a rank past the last column sends its block unused).
+// This rank's block of layer l's Vᵀ (kfac/precondition_split.hpp), then the all-gather of every
+// rank's block. Over outputs, columns [b0, b1): A^-1 (Wᵀ G^-1[:, b0:b1]), gathered straight into
+// the result (columns padded to size x block). Over inputs, rows [b0, b1): ((A^-1[:, b0:b1])ᵀ Wᵀ)
+// G^-1 (A^-1 is symmetric), stored (b1 - b0) x g from the block's start and gathered into
+// `gathered`; unblock_rows makes Vᵀ of them. A rank past the last column or row sends its block
+// unused.
 template <class T, class M>
 comm::Request Preconditioner<T, M>::precondition_block(const execution_space& exec, int l) {
   const LayerSlot& slot = layer_slot(l);
-  const int outputs = slot.layer.g_dim(), width = block_columns(l);
-  const int c0 = std::min(outputs, engine_.rank() * width), c1 = std::min(outputs, c0 + width);
-  if (c1 > c0) {
-    const Matrix R = scratch_matrix(slot.layer.a_dim(), c1 - c0);
-    const auto columns = std::make_pair(c0, c1);
-    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(factor_slot(g_index(l)).inverse, Kokkos::ALL, columns),
-         T(0), R);
-    gemm(exec, "N", "N", T(1), factor_slot(a_index(l)).inverse, R, T(0),
-         Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, c1 - c0)));
+  const bool by_inputs = slot.split.axis == SplitAxis::inputs;
+  const int a = slot.layer.a_dim(), g = slot.layer.g_dim(), width = slot.split.block;
+  const int extent = by_inputs ? a : g, b0 = std::min(extent, engine_.rank() * width),
+            b1 = std::min(extent, b0 + width);
+  const Matrix &A_inverse = factor_slot(a_index(l)).inverse, &G_inverse = factor_slot(g_index(l)).inverse;
+  const auto block = std::make_pair(b0, b1);
+  if (b1 > b0 && by_inputs) {
+    const Matrix S = scratch_matrix(b1 - b0, g);
+    gemm(exec, "T", "N", T(1), Kokkos::subview(A_inverse, Kokkos::ALL, block), slot.gradient, T(0), S);
+    gemm(exec, "N", "N", T(1), S, G_inverse, T(0), Matrix(slot.block.data(), b1 - b0, g));
+  } else if (b1 > b0) {
+    const Matrix R = scratch_matrix(a, b1 - b0);
+    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(G_inverse, Kokkos::ALL, block), T(0), R);
+    gemm(exec, "N", "N", T(1), A_inverse, R, T(0),
+         Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, b1 - b0)));
   }
   return engine_.allgather(exec, Vector(slot.block.data(), slot.block.size()),
-                           Vector(slot.result.data(), slot.result.size()),
+                           by_inputs ? slot.gathered : Vector(slot.result.data(), slot.result.size()),
                            "kfac preconditioned layer " + std::to_string(l));
 }
 

@@ -104,10 +104,7 @@ void Preconditioner<T, M>::load_from(const StateReader& in, const std::string& p
 namespace impl {
 /// Every rank learns whether any rank failed (collective, through `engine`).
 inline bool any_rank_failed(comm::Engine& engine, bool failed_here) {
-  Kokkos::View<int*, Kokkos::HostSpace> flag("kdist::kfac::status", 1);
-  flag(0) = failed_here ? 1 : 0;
-  engine.allreduce(Kokkos::DefaultHostExecutionSpace(), flag, comm::ReduceOp::max, "kfac state status").wait();
-  return flag(0) != 0;
+  return engine.allreduce_values<int>({failed_here ? 1 : 0}, comm::ReduceOp::max, "kfac state status")[0] != 0;
 }
 }  // namespace impl
 
@@ -164,9 +161,14 @@ std::string Preconditioner<T, M>::describe() const {
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
   if (!restored_.empty()) os << "  " << restored_ << "\n";
-  for (int l = 0; l < layers(); ++l)
+  for (int l = 0; l < layers(); ++l) {
+    const PreconditionSplit& s = layer_slot(l).split;
     os << "  layer " << l << ": " << layer(l).describe() << ", A " << layer(l).a_dim() << "^2, G " << layer(l).g_dim()
-       << "^2\n";
+       << "^2";
+    if (split())
+      os << ", preconditioned in blocks of " << s.block << (s.axis == SplitAxis::inputs ? " inputs" : " outputs");
+    os << "\n";
+  }
   std::vector<PlacementItem> items;
   for (const auto& t : fused_->tensors()) items.push_back({t.label, static_cast<int>(t.dim)});
   os << placement_.describe(items);

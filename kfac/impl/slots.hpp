@@ -3,6 +3,7 @@
 #pragma once
 
 #include <kdist/kfac/layers.hpp>
+#include <kdist/kfac/precondition_split.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <string>
@@ -27,12 +28,15 @@ struct FactorSlot {
 template <class T, class MemorySpace>
 struct LayerSlot {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
+  using Vector = Kokkos::View<T*, MemorySpace>;
   Layer layer;
-  Matrix gradient;  ///< [dW | db]ᵀ, a_dim x g_dim
-  Matrix result;    ///< Vᵀ; split preconditioning: padded to ranks x block columns
-  Matrix block;     ///< split preconditioning: this rank's columns of Vᵀ
-  int rows = 0;     ///< samples (Dense) or images (Conv2d) the last on_forward saw
-  int spatial = 0;  ///< Conv2d: output locations (out_h * out_w) the last on_forward saw
+  PreconditionSplit split;  ///< split preconditioning: this layer's axis and block
+  Matrix gradient;          ///< [dW | db]ᵀ, a_dim x g_dim
+  Matrix result;            ///< Vᵀ; split over outputs: padded to ranks x block columns
+  Matrix block;             ///< split: this rank's columns (a_dim x block) or rows (block x g_dim) of Vᵀ
+  Vector gathered;          ///< split over inputs: every rank's block of rows, all-gathered
+  int rows = 0;             ///< samples (Dense) or images (Conv2d) the last on_forward saw
+  int spatial = 0;          ///< Conv2d: output locations (out_h * out_w) the last on_forward saw
 };
 
 }  // namespace impl

@@ -1,6 +1,7 @@
 #include "scale_model.hpp"
 
 #include <kdist/core/packed.hpp>
+#include <kdist/kfac/precondition_split.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -33,12 +34,14 @@
 // inverse_s and broadcast_s (so the model and kfac::place agree), packing and unpacking the profile's.
 // The packing after each CT inverse is in no phase the bench reports (it is in total).
 //
-// Preconditioning. Split: rank r computes columns [r w, (r+1) w) of V_l, w = ceil(a/P), both
-// products scale with the column count, so rank 0 spends min(a, w)/a of the layer's time. The
-// all-gathers (every layer's in flight together) are modelled as all-reduces of half the gathered
-// bytes, one per layer: a ring all-gather moves (P-1)/P n per rank, a ring all-reduce 2(P-1)/P n,
-// and each call still pays the start-up alpha. No all-gather is calibrated, hence the
-// approximation; bench_kfac's precond column is what validates it.
+// Preconditioning. Split as kfac::precondition_split decides per layer: rank 0 computes the
+// first w of the layer's outputs (w = ceil(g/P)) or inputs (w = ceil(a/P)); both products scale
+// with that count, so it spends min(n, w)/n of the layer's time (n = g or a). Split over inputs,
+// the gathered row blocks are copied into Vᵀ once more, costed as one of the layer's two
+// gradient copies (precondition_copy / 2). The all-gathers (every layer's in flight together) are modelled as
+// all-reduces of half the gathered bytes, one per layer: a ring all-gather moves (P-1)/P n per rank, a ring all-reduce
+// 2(P-1)/P n, and each call still pays the start-up alpha. No all-gather is calibrated, hence the approximation;
+// bench_kfac's precond column is what validates it.
 
 namespace kdist_perf {
 namespace {
@@ -127,10 +130,12 @@ double precondition_time(const std::vector<LayerTimes>& layers, const Scenario& 
       t += l.precondition;
       continue;
     }
-    // kdist's split: each rank a block of the layer's outputs (columns of Vᵀ), all-gathered.
-    const int w = (l.g_dim + s.ranks - 1) / s.ranks;
-    t += l.precondition * std::min(l.g_dim, w) / l.g_dim;
-    const double gathered = static_cast<double>(l.a_dim) * w * s.ranks * static_cast<double>(element_bytes);
+    const kdist::kfac::PreconditionSplit split = kdist::kfac::precondition_split(l.a_dim, l.g_dim, s.ranks);
+    const bool by_inputs = split.axis == kdist::kfac::SplitAxis::inputs;
+    const int n = by_inputs ? l.a_dim : l.g_dim, other = by_inputs ? l.g_dim : l.a_dim, w = split.block;
+    t += l.precondition * std::min(n, w) / n;
+    if (by_inputs) t += l.precondition_copy / 2;
+    const double gathered = static_cast<double>(other) * w * s.ranks * static_cast<double>(element_bytes);
     t += allreduce(gathered / 2);
   }
   return t;
