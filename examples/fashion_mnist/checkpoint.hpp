@@ -14,8 +14,9 @@
 // global batch, the parameters and the averaged momentum are the same on every rank, and the
 // K-FAC state is P-independent. Adasum's per-rank momenta resumed at another P: each rank takes
 // their mean (the job says so). A damaged file, another model or another run is refused on every
-// rank before anything changes (every rank reads the file; core/state_file names the field and
-// its byte offset).
+// rank before anything changes (every rank reads the file, once: open_checkpoint(), whose reader
+// gives the batch and then the Trainer its state; core/state_file names the field and its byte
+// offset).
 #pragma once
 
 #include <kdist/core/atomic_file.hpp>
@@ -25,6 +26,7 @@
 #include <kdist/nn/sgd.hpp>
 
 #include <mpi.h>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,16 +54,23 @@ inline long long global_batch(const Settings& s, int ranks) {
   return s.global_batch > 0 ? s.global_batch : static_cast<long long>(s.batch) * ranks * s.workers;
 }
 
-/// --global-batch, or a resumed checkpoint's, split over `ranks` ranks (a global batch they do not
-/// divide is refused), and checked against an explicit --batch. Before anything is built.
-inline void resolve_batch(Settings& s, int ranks) {
-  if (!s.resume.empty()) {
-    const kdist::StateReader saved(s.resume, kCheckpointKind, kResume);
-    const long long g = saved.integer("job.global_batch");
+/// --resume's checkpoint, read and checked (null without --resume). Read once: the batch and
+/// then the Trainer take everything from it.
+inline std::unique_ptr<const kdist::StateReader> open_checkpoint(const Settings& s) {
+  if (s.resume.empty()) return nullptr;
+  return std::make_unique<const kdist::StateReader>(s.resume, kCheckpointKind, kResume);
+}
+
+/// --global-batch, or the resumed checkpoint's (`saved`, null when not resuming), split over
+/// `ranks` ranks (a global batch they do not divide is refused), and checked against an explicit
+/// --batch. Before anything is built.
+inline void resolve_batch(Settings& s, int ranks, const kdist::StateReader* saved) {
+  if (saved) {
+    const long long g = saved->integer("job.global_batch");
     if ((s.global_batch > 0 && s.global_batch != g) || (s.batch_given && s.global_batch == 0 && s.batch * ranks != g))
-      saved.refuse("job.global_batch", "the checkpoint's global batch is " + std::to_string(g) + ", this run's " +
-                                           std::to_string(global_batch(s, ranks)) +
-                                           " (leave out --batch and --global-batch to take the checkpoint's)");
+      saved->refuse("job.global_batch", "the checkpoint's global batch is " + std::to_string(g) + ", this run's " +
+                                            std::to_string(global_batch(s, ranks)) +
+                                            " (leave out --batch and --global-batch to take the checkpoint's)");
     s.global_batch = g;
   }
   if (s.global_batch == 0) return;

@@ -1,6 +1,6 @@
 // The whole main() of the main job and of the workers study: MPI and Kokkos, the options
-// (options.hpp), the per-rank batch (checkpoint.hpp's resolve_batch), the data, then
-// Job(settings, data).describe() and run(). Every rank that ends with an error prints it, naming
+// (options.hpp), --resume's checkpoint (read once) and the per-rank batch (checkpoint.hpp), the
+// data, then Job(settings, data).describe() and run(checkpoint). Every rank that ends with an error prints it, naming
 // itself, and returns 1; a failure before the Engines exist (a bad option value, a missing data
 // set or checkpoint on one rank) still reaches every rank, with the first failing rank's reason.
 #pragma once
@@ -72,13 +72,15 @@ int run_program(int argc, char** argv, Program program, const char* title) {
       s.batch_given = app.count("--batch") > 0;
       try {
         nn::FashionMnist data;
+        std::unique_ptr<const kdist::StateReader> saved;
         agree_on_start([&] {
-          resolve_batch(s, size);
+          saved = open_checkpoint(s);
+          resolve_batch(s, size, saved.get());
           data = nn::load_fashion_mnist(s.data);
         });
         Job job(s, data);
         if (rank == 0 && !s.quiet) std::printf("%s\n", job.describe().c_str());
-        job.run();
+        job.run(std::move(saved));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s (rank %d): %s\n", program_name(program), rank, e.what());
         rc = 1;

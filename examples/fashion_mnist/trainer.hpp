@@ -123,9 +123,11 @@ class Trainer {
     return os.str();
   }
 
-  /// Trains (resuming from --resume, saving to --checkpoint). A failure on this rank reaches
-  /// every other rank with its reason (Engine::fail) before it propagates.
-  void run();
+  /// Trains (resuming from --resume, saving to --checkpoint). `saved`: --resume's checkpoint
+  /// when the caller has read it already (open_checkpoint), released once resumed; null: read
+  /// here. A failure on this rank reaches every other rank with its reason (Engine::fail) before
+  /// it propagates.
+  void run(std::unique_ptr<const kdist::StateReader> saved = nullptr);
 
  protected:
   using EpochStats = fmnist::EpochStats;
@@ -156,7 +158,7 @@ class Trainer {
   std::vector<Flat> gradient_views_;  // the parameters' gradients, writable
 
  private:
-  void train();
+  void train(std::unique_ptr<const kdist::StateReader> saved);
   int forward_backward(const Batch& b, EpochStats& st);
   /// Epoch e from `from` (its step and sums so far); returns its sums over all ranks.
   EpochStats epoch(int e, const Position& from, Progress& progress);
@@ -165,7 +167,7 @@ class Trainer {
   /// `mine` (this rank's since `before`) summed over the ranks, added to `before`.
   EpochStats totals(const EpochStats& mine, const EpochStats& before, double seconds);
   void save(const Position& at);
-  Position resume();
+  Position resume(const kdist::StateReader& saved);
   std::vector<std::string> parameter_names() const;
   /// Every rank's momentum buffers, rank after rank, each rank's concatenated (collective).
   Flat all_ranks_velocities();
@@ -292,9 +294,10 @@ inline double Trainer::test_accuracy() {
   return grads_.allreduce_values<double>({correct}, comm::ReduceOp::sum, "fashion_mnist test accuracy")[0] / n;
 }
 
-inline void Trainer::run() {
+inline void Trainer::run(std::unique_ptr<const kdist::StateReader> saved) {
   try {
-    train();
+    if (!saved) saved = open_checkpoint(s_);
+    train(std::move(saved));
   } catch (...) {  // tell the peers why, before the Engines go (docs/comm.md, fail)
     grads_.fail(std::current_exception());
     if (kfac_engine_) kfac_engine_->fail(std::current_exception());
@@ -302,8 +305,9 @@ inline void Trainer::run() {
   }
 }
 
-inline void Trainer::train() {
-  const Position start = s_.resume.empty() ? Position{} : resume();
+inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
+  const Position start = saved ? resume(*saved) : Position{};
+  saved.reset();  // the checkpoint's bytes are in the model now
   log_lines_ = start.log_lines;
   const bool root = world_.rank() == 0;
   Progress progress(root && !s_.quiet && isatty(STDOUT_FILENO));

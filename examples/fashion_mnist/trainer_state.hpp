@@ -54,8 +54,7 @@ inline void Trainer::save(const Position& at) {
 
 // Everything is read and checked first (the job's fields, every section's size, the K-FAC
 // state), then written back: a refused checkpoint leaves the model as it was.
-inline Position Trainer::resume() {
-  const kdist::StateReader saved(s_.resume, kCheckpointKind, kResume);
+inline Position Trainer::resume(const kdist::StateReader& saved) {
   const Position at = read_job_fields(saved, s_);
   const auto names = parameter_names();
   std::vector<Flat> values;
