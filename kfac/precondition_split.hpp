@@ -9,9 +9,10 @@
 //   copied into Vᵀ once more (they are row blocks of a column-major matrix).
 //
 // The busiest rank's work is the one that counts, so a layer is split over inputs only when that
-// is strictly less: ceil(a/P) g < ceil(g/P) a. That happens when a layer has fewer outputs than
-// ranks (a 10-class output layer at 16 ranks: one output each, ranks 10..15 idle) or when P does
-// not divide g evenly. Every rank decides from the same sizes, so every rank decides the same.
+// is strictly less: ceil(a/P) g < ceil(g/P) a. That can only happen when P does not divide g,
+// typically when a layer has fewer outputs than ranks (a 10-class output layer at 16 ranks: one
+// output each, ranks 10..15 idle). Every rank decides from the same sizes, so every rank decides
+// the same.
 // perf/model/scale_model.cpp models the same rule.
 #pragma once
 

@@ -104,7 +104,8 @@ TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does le
     for (int s = 0; s < 3; ++s) CHECK(max_relative(got[s], want[s]) < 1e-6);
   }
   // The test network at 2 ranks: the convolution (a 13, g 3) over inputs, Dense(7, 4) (a 8, g 4)
-  // over outputs; the dense reference above checks the numbers at every rank count.
+  // over outputs, Dense(4, 3) (a 4, g 3) over inputs in blocks of 2; the dense reference above
+  // checks the numbers at every rank count.
   if (world_size() != 2) return;
   comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
   Preconditioner<double, TestMem> kfac(kfac_engine, network(), base_options());

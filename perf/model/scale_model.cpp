@@ -37,10 +37,11 @@
 // Preconditioning. Split as kfac::precondition_split decides per layer: rank 0 computes the
 // first w of the layer's outputs (w = ceil(g/P)) or inputs (w = ceil(a/P)); both products scale
 // with that count, so it spends min(n, w)/n of the layer's time (n = g or a). Split over inputs,
-// the gathered row blocks are copied into Vᵀ once more, costed as one of the layer's two
-// gradient copies (precondition_copy / 2). The all-gathers (every layer's in flight together) are modelled as
-// all-reduces of half the gathered bytes, one per layer: a ring all-gather moves (P-1)/P n per rank, a ring all-reduce
-// 2(P-1)/P n, and each call still pays the start-up alpha. No all-gather is calibrated, hence the approximation;
+// the gathered row blocks are copied into Vᵀ once more, costed as one of the layer's three passes
+// over the gradient (precondition_copy / 3: gather, clip, scatter). The all-gathers (every
+// layer's in flight together) are modelled as all-reduces of half the gathered bytes, one per
+// layer: a ring all-gather moves (P-1)/P n per rank, a ring all-reduce 2(P-1)/P n, and each call
+// still pays the start-up alpha. No all-gather is calibrated, hence the approximation;
 // bench_kfac's precond column is what validates it.
 
 namespace kdist_perf {
@@ -134,7 +135,7 @@ double precondition_time(const std::vector<LayerTimes>& layers, const Scenario& 
     const bool by_inputs = split.axis == kdist::kfac::SplitAxis::inputs;
     const int n = by_inputs ? l.a_dim : l.g_dim, other = by_inputs ? l.g_dim : l.a_dim, w = split.block;
     t += l.precondition * std::min(n, w) / n;
-    if (by_inputs) t += l.precondition_copy / 2;
+    if (by_inputs) t += l.precondition_copy / 3;
     const double gathered = static_cast<double>(other) * w * s.ranks * static_cast<double>(element_bytes);
     t += allreduce(gathered / 2);
   }

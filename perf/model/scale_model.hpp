@@ -16,7 +16,8 @@
 //             broadcast after its own CT work before it, the channel sends it once all have; NCT
 //             factors after, on every rank; then each rank waits the broadcasts in order and
 //             unpacks those it did not own
-//   precondition  split: 1/P of the columns per rank and an all-gather of V; else all of V; the
+//   precondition  split (kfac::precondition_split): about 1/P of the outputs or inputs per rank
+//             and an all-gather of V (over inputs also the un-blocking copy); else all of V; the
 //             passes over the whole gradient (gather, clip, scatter) on every rank either way
 // Every phase is rank 0's, total is the last rank to finish (as bench_kfac reports them). P == 1
 // communicates nothing. Derivations and the all-gather approximation are in scale_model.cpp.

@@ -30,16 +30,16 @@ using Host = Kokkos::DefaultHostExecutionSpace;
 /// others that rank 0 failed; a rank still in the broadcast would get that notice instead of the
 /// message. A rank that gets the notice in the acknowledgement has the message already.
 std::string error_from_root(kdist::comm::Engine& engine, const std::string& root_message) {
-  Kokkos::View<int*, Kokkos::HostSpace> length("kdist_calibrate::error_length", 1);
-  length(0) = engine.rank() == 0 ? static_cast<int>(root_message.size()) : 0;
-  engine.allreduce(Host(), length, kdist::comm::ReduceOp::max, "kdist_calibrate::error_length").wait();
-  if (length(0) == 0) return "";
-  Kokkos::View<int*, Kokkos::HostSpace> text("kdist_calibrate::error_text", length(0));
+  const int mine = engine.rank() == 0 ? static_cast<int>(root_message.size()) : 0;
+  const int length =
+      engine.allreduce_values<int>({mine}, kdist::comm::ReduceOp::max, "kdist_calibrate::error_length")[0];
+  if (length == 0) return "";
+  Kokkos::View<int*, Kokkos::HostSpace> text("kdist_calibrate::error_text", length);
   if (engine.rank() == 0) std::copy(root_message.begin(), root_message.end(), text.data());
   engine.broadcast(Host(), text, 0, "kdist_calibrate::error_text").wait();
-  std::string message(text.data(), text.data() + length(0));
+  std::string message(text.data(), text.data() + length);
   try {
-    engine.allreduce(Host(), length, kdist::comm::ReduceOp::max, "kdist_calibrate::error_ack").wait();
+    engine.allreduce_values<int>({length}, kdist::comm::ReduceOp::max, "kdist_calibrate::error_ack");
   } catch (const kdist::comm::RemoteError&) {
     // rank 0 has left with the message, which this rank holds
   }
