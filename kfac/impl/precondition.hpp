@@ -49,10 +49,13 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
     slot.gradient = Matrix("kdist::kfac::gradient", a, g);
     slot.split = precondition_split(a, g, P);
     const int w = slot.split.block;
-    const bool by_outputs = split() && slot.split.axis == SplitAxis::outputs;
-    slot.result = Matrix("kdist::kfac::preconditioned", a, by_outputs ? P * w : g);
-    if (by_outputs) slot.block = Matrix("kdist::kfac::preconditioned_block", a, w);
-    if (split() && !by_outputs) {
+    if (!split()) {
+      slot.result = Matrix("kdist::kfac::preconditioned", a, g);
+    } else if (slot.split.axis == SplitAxis::outputs) {  // gathered straight into the padded result
+      slot.result = Matrix("kdist::kfac::preconditioned", a, P * w);
+      slot.block = Matrix("kdist::kfac::preconditioned_block", a, w);
+    } else {  // gathered apart, then un-blocked into the result
+      slot.result = Matrix("kdist::kfac::preconditioned", a, g);
       slot.block = Matrix("kdist::kfac::preconditioned_block", w, g);
       slot.gathered = Vector("kdist::kfac::preconditioned_blocks", static_cast<std::size_t>(P) * w * g);
     }
