@@ -65,21 +65,28 @@ void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
       });
 }
 
-/// db(c) := Σ_{b,h,w} dy(b, c, h, w).
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w). Eight running sums, element w of a row going to sum w mod 8:
+/// one sum would chain every addition on the one before (the compiler may not reorder them), and
+/// a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
   using T = typename BV::non_const_value_type;
+  constexpr int lanes = 8;
+  static_assert(lanes == 8, "kdist::nn::Conv2d::channel_sums: the last line adds eight sums");
   const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
       KOKKOS_LAMBDA(const int c) {
-        T sum = 0;
+        T sum[lanes] = {};
         for (int b = 0; b < B; ++b)
           for (int h = 0; h < H; ++h) {
             const T* const row = &dy(b, c, h, 0);
-            for (int w = 0; w < W; ++w) sum += row[w];
+            int w = 0;
+            for (; w + lanes <= W; w += lanes)
+              for (int k = 0; k < lanes; ++k) sum[k] += row[w + k];
+            for (int k = 0; w + k < W; ++k) sum[k] += row[w + k];
           }
-        db(c) = sum;
+        db(c) = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
       });
 }
 
