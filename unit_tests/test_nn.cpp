@@ -254,6 +254,47 @@ TEST_CASE("nn::MaxPool2d: forward takes each window's maximum, the gradient goes
       }
 }
 
+// The main job's CNN runs each ReLU after its pool (examples/fashion_mnist/model.hpp): the same
+// outputs and input gradients bit for bit, with windows all negative, mixed, ties at 0 and ties
+// between equal maxima, and float.
+TEMPLATE_TEST_CASE("nn: MaxPool2d then ReLU equals ReLU then MaxPool2d, bit for bit", "[nn]", float, double) {
+  using X4 = nn::Tensor4<TestType, TestMem>;
+  TestExec exec;
+  const int B = 3, C = 4, H = 6, W = 8, K = 2;
+  Values xv = random_values(B * C * H * W, 21);
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    if (i % 7 == 0) xv[i] = 0;                                   // ties at 0
+    if (i % 11 == 0) xv[i] = xv[i / 2];                          // some equal maxima
+    if ((i / (2 * W)) % 3 == 0) xv[i] = -std::abs(xv[i]) - 0.1;  // window rows with nothing positive
+  }
+  const Values dyv = random_values(B * C * (H / K) * (W / K), 22);
+  auto run = [&](bool pool_first) {
+    nn::ReLU<TestType, TestMem> relu;
+    nn::MaxPool2d<TestType, TestMem> pool(K);
+    X4 x("x", B, C, H, W), full("full", B, C, H, W), half("half", B, C, H / K, W / K), y("y", B, C, H / K, W / K),
+        dy("dy", B, C, H / K, W / K), dhalf("dhalf", B, C, H / K, W / K), dfull("dfull", B, C, H, W),
+        dx("dx", B, C, H, W);
+    upload(x, xv);
+    upload(dy, dyv);
+    if (pool_first) {
+      pool.forward(exec, x, half);
+      relu.forward(exec, nn::ConstTensor4<TestType, TestMem>(half), y);
+      relu.backward(exec, dy, dhalf);
+      pool.backward(exec, dhalf, dx);
+    } else {
+      relu.forward(exec, nn::ConstTensor4<TestType, TestMem>(x), full);
+      pool.forward(exec, full, y);
+      pool.backward(exec, dy, dfull);
+      relu.backward(exec, dfull, dx);
+    }
+    return std::make_pair(download(y), download(dx));
+  };
+  const auto before = run(false), after = run(true);
+  CHECK(after.first == before.first);
+  CHECK(after.second == before.second);
+  CHECK(std::count(before.second.begin(), before.second.end(), 0.0) < static_cast<long>(before.second.size()));
+}
+
 TEST_CASE("nn::Flatten: views of the same storage both ways; a strided gradient is copied", "[nn]") {
   TestExec exec;
   nn::Flatten<double, TestMem> flatten;

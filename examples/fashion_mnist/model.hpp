@@ -3,7 +3,10 @@
 //   mlp: (rows*cols)-256-128-classes with ReLU (the dataset benchmark's MLP 256-128-100 row)
 //   cnn: Conv2d(1,16,5x5,pad 2) ReLU MaxPool2 -> Conv2d(16,32,5x5,pad 2) ReLU MaxPool2 ->
 //        Flatten -> Dense(32*(rows/4)*(cols/4),128) ReLU -> Dense(128,classes)   (its "2 Conv +
-//        pooling" row; 1568-128 at 28 x 28)
+//        pooling" row; 1568-128 at 28 x 28). Each stage runs its ReLU after the pool, on a
+//        quarter of the values: max(·, 0) is monotone, so the pool's maximum and its position
+//        are the same either way (the first of the window when none is positive, where the
+//        gradient is 0 in both orders), and outputs and gradients are equal bit for bit.
 // The layer widths are written here once; every other size (inputs(), classes(), the tensors
 // between layers) follows from them and the image shape. forward() takes a batch of normalised
 // images (B x inputs()) and returns the logits (B x classes()); backward() takes the loss
@@ -143,14 +146,15 @@ class Model {
     if (!cnn_) return;
     for (auto* v : {&cz_, &ca_, &cp_, &dcz_, &dca_, &dcp_}) v->clear();
     for (std::size_t k = 0; k < stages_.size(); ++k) {
-      const Stage& g = stages_[k];  // conv and ReLU at the stage's size, the pool's output at half of it
+      const Stage& g = stages_[k];  // the convolution at the stage's size, the pool and ReLU at half of it
       const std::string n = std::to_string(k + 1);
+      const int h = g.height / 2, w = g.width / 2;
       cz_.emplace_back("c" + n, B, g.channels, g.height, g.width);
-      ca_.emplace_back("r" + n, B, g.channels, g.height, g.width);
-      cp_.emplace_back("p" + n, B, g.channels, g.height / 2, g.width / 2);
+      cp_.emplace_back("p" + n, B, g.channels, h, w);
+      ca_.emplace_back("r" + n, B, g.channels, h, w);
       dcz_.emplace_back("dc" + n, B, g.channels, g.height, g.width);
-      dca_.emplace_back("dr" + n, B, g.channels, g.height, g.width);
-      dcp_.emplace_back("dp" + n, B, g.channels, g.height / 2, g.width / 2);
+      dcp_.emplace_back("dp" + n, B, g.channels, h, w);
+      dca_.emplace_back("dr" + n, B, g.channels, h, w);
     }
     dflat_ = T2("dflat", B, dense_.front().inputs());
   }
@@ -159,9 +163,9 @@ class Model {
     C4 h = x;
     for (std::size_t k = 0; k < conv_.size(); ++k) {
       conv_[k].forward(exec, h, cz_[k]);
-      relu_[k].forward(exec, C4(cz_[k]), ca_[k]);
-      pool_[k].forward(exec, ca_[k], cp_[k]);
-      h = cp_[k];
+      pool_[k].forward(exec, cz_[k], cp_[k]);
+      relu_[k].forward(exec, C4(cp_[k]), ca_[k]);
+      h = ca_[k];
     }
     return flatten_.forward(exec, h);
   }
@@ -169,13 +173,13 @@ class Model {
   void conv_backward(const execution_space& exec) {
     C4 dy = flatten_.backward(exec, dflat_);
     for (std::size_t k = conv_.size(); k-- > 0;) {
-      pool_[k].backward(exec, dy, dca_[k]);
-      relu_[k].backward(exec, dca_[k], dcz_[k]);
+      relu_[k].backward(exec, dy, dcp_[k]);
+      pool_[k].backward(exec, dcp_[k], dcz_[k]);
       if (k == 0) {
         conv_[k].backward(exec, dcz_[k]);
       } else {
-        conv_[k].backward(exec, dcz_[k], dcp_[k - 1]);
-        dy = dcp_[k - 1];
+        conv_[k].backward(exec, dcz_[k], dca_[k - 1]);
+        dy = dca_[k - 1];
       }
     }
   }
@@ -194,7 +198,7 @@ class Model {
   std::vector<nn::MaxPool2d<T, Mem>> pool_;
   nn::Flatten<T, Mem> flatten_;
   std::vector<T2> z_, a_, dz_, da_;
-  std::vector<T4> cz_, ca_, cp_, dcz_, dca_, dcp_;
+  std::vector<T4> cz_, cp_, ca_, dcz_, dcp_, dca_;  // per stage: convolution, pool, ReLU outputs; their gradients
   T2 dflat_;
 };
 
