@@ -71,12 +71,11 @@ void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
   using T = typename BV::non_const_value_type;
-  constexpr int lanes = 8;
-  static_assert(lanes == 8, "kdist::nn::Conv2d::channel_sums: the last line adds eight sums");
   const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
       KOKKOS_LAMBDA(const int c) {
+        constexpr int lanes = 8;  // declared in the body: nothing for nvcc to capture
         T sum[lanes] = {};
         for (int b = 0; b < B; ++b)
           for (int h = 0; h < H; ++h) {
