@@ -27,6 +27,8 @@ namespace kdist {
 namespace kfac {
 
 enum class Strategy { spd, mpdkfac, dkfac };
+/// Whether the gradients given to Preconditioner::step are the same on every rank (Options::gradients).
+enum class Gradients { averaged, per_rank };
 const char* to_string(Strategy s);
 /// "spd", "mpdkfac" or "dkfac"; false for anything else.
 bool parse_strategy(const std::string& text, Strategy* out);
@@ -44,7 +46,13 @@ struct Options {
   /// V = G^-1 [dW | db] A^-1, of its outputs (rows) or inputs (columns), whichever leaves the
   /// busiest rank less work (kfac/precondition_split.hpp), and the blocks are all-gathered.
   /// false: every rank computes all of V (the paper's and kfac-pytorch's COMM_OPT layout).
+  /// Only for averaged gradients: per_rank gradients are never split.
   bool split_preconditioning = true;
+  /// What step() is handed. averaged: the same gradient on every rank (the gradient all-reduce's
+  /// result). per_rank: each rank's own gradient, e.g. before Adasum combines the optimizer's
+  /// deltas; every rank then computes all of its own V and its own KL clip, since a block computed
+  /// elsewhere would come from another rank's gradient.
+  Gradients gradients = Gradients::averaged;
   /// Factor steps whose measured ready times feed the first fusion plan (planned once, after
   /// them; Preconditioner::replan() asks for another). 0: plan at the first step.
   int profile_steps = 3;

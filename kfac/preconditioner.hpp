@@ -15,9 +15,10 @@
 // hands them all over. Inverses (F + damping I)^-1 are recomputed on steps divisible by
 // inverse_every, placed by kfac/placement.hpp: CT inverses are broadcast as packed upper
 // triangles from their owner, each broadcast overlapping the owner's next inverse. Then, per
-// layer, V = G^-1 [dW | db] A^-1, computed as Vᵀ = A^-1 [dW | db]ᵀ G^-1 (split_preconditioning:
-// rank r computes its block of the layer's outputs, or of its inputs where that leaves the
-// busiest rank less work, kfac/precondition_split.hpp, and the blocks are all-gathered) and the
+// layer, V = G^-1 [dW | db] A^-1, computed as Vᵀ = A^-1 [dW | db]ᵀ G^-1 (split_preconditioning,
+// for averaged gradients: rank r computes its block of the layer's outputs, or of its inputs where
+// that leaves the busiest rank less work, kfac/precondition_split.hpp, and the blocks are
+// all-gathered; Gradients::per_rank: each rank all of its own) and the
 // KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
 // Damping is never written into the running factors.
 //
@@ -33,6 +34,7 @@
 
 #include <kdist/comm/engine.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
+#include <kdist/comm/outcome.hpp>
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/dtype.hpp>
 #include <kdist/core/error.hpp>
@@ -176,7 +178,9 @@ class Preconditioner {
   /// Layer l's Vᵀ (a_dim x outputs): the first g_dim columns of its result (split over outputs:
   /// padded to size x block columns).
   Matrix preconditioned(int l) const;
-  bool split() const noexcept { return options_.split_preconditioning && engine_.size() > 1; }
+  bool split() const noexcept {
+    return options_.split_preconditioning && options_.gradients == Gradients::averaged && engine_.size() > 1;
+  }
   /// Empty when gradient g fits layer l, else the message.
   std::string check_gradient(int l, const Gradient& g) const;
   void maybe_replan();

@@ -149,8 +149,9 @@ inline Mat reference_g(const Layer& L, int step, int l) {
   return G;
 }
 
-inline double grad_value(int step, int l, int i, int j) {
-  return value(step, l, 2, i * 31 + j);
+// salt != 0: another gradient for the same step (a rank's own, under Adasum).
+inline double grad_value(int step, int l, int i, int j, int salt = 0) {
+  return value(step, l, 2 + 10 * salt, i * 31 + j);
 }
 
 // ---- what the ranks pass ------------------------------------------------------------------
@@ -238,17 +239,17 @@ template <class T>
 using Grad = typename Preconditioner<T, TestMem>::Gradient;
 
 template <class T>
-std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step) {
+std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step, int salt = 0) {
   std::vector<Grad<T>> g;
   for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
     const Layer& L = layers[static_cast<std::size_t>(l)];
     Grad<T> x;
     x.weight = kdist_test::device_matrix<T, Kokkos::LayoutRight>(
-        "dW", L.outputs(), L.inputs(), [&](int i, int j) { return grad_value(step, l, i, j); });
+        "dW", L.outputs(), L.inputs(), [&](int i, int j) { return grad_value(step, l, i, j, salt); });
     if (L.bias())
       x.bias = kdist_test::device_vector<T>("db", [&] {
         std::vector<T> v;
-        for (int i = 0; i < L.outputs(); ++i) v.push_back(static_cast<T>(grad_value(step, l, i, 99)));
+        for (int i = 0; i < L.outputs(); ++i) v.push_back(static_cast<T>(grad_value(step, l, i, 99, salt)));
         return v;
       }());
     g.push_back(x);
@@ -277,11 +278,11 @@ void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layer
 // Flattened [dW | db] per layer after each step.
 template <class T>
 std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
-                                       int steps) {
+                                       int steps, int salt = 0) {
   std::vector<std::vector<double>> out;
   for (int s = first; s < first + steps; ++s) {
     run_hooks(kfac, layers, s);
-    auto g = gradients<T>(layers, s);
+    auto g = gradients<T>(layers, s, salt);
     kfac.step(TestExec(), g);
     std::vector<double> flat;
     for (const auto& x : g) {
@@ -299,7 +300,7 @@ std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const s
 // The reference: the same steps, densely in double; `factors`, when given, gets the running
 // factors at the end, in the preconditioner's order (A_0 .. A_{L-1}, G_{L-1} .. G_0), row-major.
 inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps,
-                                                  std::vector<std::vector<double>>* factors = nullptr) {
+                                                  std::vector<std::vector<double>>* factors = nullptr, int salt = 0) {
   const int L = static_cast<int>(layers.size());
   std::vector<Mat> A, G, Ainv, Ginv;
   for (const Layer& l : layers) {
@@ -334,8 +335,8 @@ inline std::vector<std::vector<double>> reference(const std::vector<Layer>& laye
       const Layer& Ly = layers[l];
       Mat X = zeros(Ly.outputs(), Ly.a_dim());
       for (int i = 0; i < Ly.outputs(); ++i) {
-        for (int j = 0; j < Ly.inputs(); ++j) X[i][j] = grad_value(s, l, i, j);
-        if (Ly.bias()) X[i][Ly.inputs()] = grad_value(s, l, i, 99);
+        for (int j = 0; j < Ly.inputs(); ++j) X[i][j] = grad_value(s, l, i, j, salt);
+        if (Ly.bias()) X[i][Ly.inputs()] = grad_value(s, l, i, 99, salt);
       }
       V.push_back(matmul(matmul(Ginv[l], X), Ainv[l]));
       for (int i = 0; i < Ly.outputs(); ++i)

@@ -112,6 +112,28 @@ TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does le
   CHECK_THAT(kfac.describe(), Catch::Contains("blocks of 7 inputs") && Catch::Contains("blocks of 2 outputs"));
 }
 
+TEST_CASE("kfac: per-rank gradients (Adasum) are each preconditioned whole, with their own KL clip", "[kfac]") {
+  // Each rank hands step() its own gradient; the factors are still the global batch's. Every
+  // rank's result must be the dense reference for its own gradient: a split would all-gather
+  // blocks computed from the other ranks' gradients.
+  const auto layers = network();
+  Options o = base_options();
+  o.gradients = Gradients::per_rank;
+  o.kl_clip = 1e-2;
+  o.lr = 1.0;
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
+  const int salt = world_rank() + 1;
+  const auto got = train(kfac, layers, 0, 3, salt);
+  const auto want = reference(layers, o, 3, nullptr, salt);
+  for (int s = 0; s < 3; ++s) {
+    INFO("step " << s << ", rank " << world_rank() << " of " << world_size());
+    CHECK(max_relative(got[s], want[s]) < 1e-6);
+  }
+  CHECK(kfac.last_clip() < 1.0);  // the clip is taken, on this rank's own V
+  CHECK_THAT(kfac.describe(), Catch::Contains("on every rank, of its own gradient"));
+}
+
 TEST_CASE("kfac: float follows the double reference", "[kfac]") {
   const auto layers = network();
   const Options o = base_options();

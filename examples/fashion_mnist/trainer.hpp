@@ -92,6 +92,8 @@ class Trainer {
       kfac::Options o = s.kfac;
       o.lr = s.lr;
       o.timeline = &timeline_;
+      // Adasum combines deltas: each rank preconditions its own, unaveraged gradient.
+      if (s.reduce == Reduce::adasum) o.gradients = kfac::Gradients::per_rank;
       kfac_engine_ = std::make_unique<comm::Engine>(world_);  // K-FAC's own stream, beside grads_
       kfac_ = std::make_unique<kfac::Preconditioner<T, Mem>>(*kfac_engine_, model_.kfac_layers(), o);
       model_.attach(kfac_.get());

@@ -117,6 +117,8 @@ class Job {
     if (s.optimizer == "kfac") {
       kdist::kfac::Options o = s.kfac;
       o.lr = s.lr;
+      // Adasum combines deltas: each rank preconditions its own, unaveraged gradient.
+      if (s.reduce == "adasum") o.gradients = kdist::kfac::Gradients::per_rank;
       kfac_engine_ = std::make_unique<kdist::comm::Engine>(world_);
       kfac_ = std::make_unique<kdist::torch::KFAC>(*model_, *kfac_engine_, o);
     }

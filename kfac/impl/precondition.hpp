@@ -237,8 +237,10 @@ void Preconditioner<T, M>::update_inverses(const execution_space& exec) {
 // kfac/precondition_split.hpp; the all-gathers of every layer in flight together), then
 // nu = min(1, sqrt(kl_clip / |s|)) with
 // s = lr^2 sum_l sum_ij V_l . [dW_l | db_l] (kfac-pytorch's and SPD-KFAC's clip), and the
-// caller's gradients become nu V. Nothing is written back until every layer's V is finite. After
-// the gathers every rank holds the same V, so every rank reaches the same verdict.
+// caller's gradients become nu V. Nothing is written back until every layer's V is finite. With
+// averaged gradients every rank holds the same V after the gathers and reaches the same verdict;
+// with per-rank gradients a rank whose V is not finite fails the Engine, and the others learn it at
+// their next wait.
 template <class T, class M>
 void Preconditioner<T, M>::precondition(const execution_space& exec, const std::vector<Gradient>& gradients) {
   Phase phase("kdist::kfac::precondition", options_.timeline, "kfac precondition");

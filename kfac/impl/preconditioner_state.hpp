@@ -38,6 +38,7 @@ void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) 
   counters.owners = placement_.owner;
   counters.fusion_groups = fused_->plan().group_end;
   counters.options = impl::saved_options(options_);
+  counters.switches = impl::switches_text(switches_);
   impl::write_state_fields(out, prefix, state_shape(), counters);
   for (int f = 0; f < factors(); ++f)
     for (const bool inverse : {false, true}) {
@@ -82,6 +83,13 @@ void Preconditioner<T, M>::commit(Restore&& r) {
                 std::to_string(engine_.size()) + " rank(s), the fusion re-planned at the next factor step";
     return;
   }
+  const std::string switches = impl::switches_text(switches_);
+  if (!c.switches.empty() && c.switches != switches) {  // another strategy: its plans are this run's
+    replan_after_ = c.replan_after < 0 ? factor_steps_ : c.replan_after;
+    restored_ = "restored from " + at + ", saved with " + c.switches + " (this run: " + switches +
+                "): this run's placement and fusion plan, the fusion re-planned at the next factor step";
+    return;
+  }
   replan_after_ = c.replan_after;
   fused_->set_plan(comm::FusionPlan{c.fusion_groups});
   if (c.owners != placement_.owner) {
@@ -101,13 +109,6 @@ void Preconditioner<T, M>::load_from(const StateReader& in, const std::string& p
   commit(stage(in, prefix));
 }
 
-namespace impl {
-/// Every rank learns whether any rank failed (collective, through `engine`).
-inline bool any_rank_failed(comm::Engine& engine, bool failed_here) {
-  return engine.allreduce_values<int>({failed_here ? 1 : 0}, comm::ReduceOp::max, "kfac state status")[0] != 0;
-}
-}  // namespace impl
-
 template <class T, class M>
 void Preconditioner<T, M>::save(const std::string& path) {
   require_between_steps("save");
@@ -121,10 +122,7 @@ void Preconditioner<T, M>::save(const std::string& path) {
       error = std::current_exception();
     }
   }
-  if (impl::any_rank_failed(engine_, static_cast<bool>(error))) {
-    if (error) std::rethrow_exception(error);
-    throw Error("kdist::kfac::Preconditioner::save: rank 0 could not write " + path + " (its error is on rank 0)");
-  }
+  comm::agree_on_outcome(engine_, error, "kdist::kfac::Preconditioner::save");
 }
 
 template <class T, class M>
@@ -137,11 +135,7 @@ void Preconditioner<T, M>::load(const std::string& path) {
   } catch (...) {
     error = std::current_exception();
   }
-  if (impl::any_rank_failed(engine_, static_cast<bool>(error))) {
-    if (error) std::rethrow_exception(error);
-    throw Error("kdist::kfac::Preconditioner::load: " + path + " could not be loaded on another rank (rank " +
-                std::to_string(engine_.rank()) + " read it)");
-  }
+  comm::agree_on_outcome(engine_, error, "kdist::kfac::Preconditioner::load");
   commit(std::move(staged));
 }
 
@@ -153,11 +147,13 @@ std::string Preconditioner<T, M>::describe() const {
   os << "kdist K-FAC: strategy " << to_string(options_.strategy) << " (pipelined "
      << (switches_.pipelined ? "yes" : "no") << ", fusion planner " << comm::to_string(switches_.planner)
      << ", placement " << to_string(switches_.placement) << ", preconditioning "
-     << (split() ? "split over the ranks" : "on every rank") << "), " << engine_.size() << " rank(s), "
-     << to_string(dtype_of<T>()) << "\n  damping " << options_.damping << ", factor decay " << options_.factor_decay
-     << ", factors every " << options_.factor_every << ", inverses every " << options_.inverse_every
-     << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr << ", inverse by "
-     << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
+     << (split()                                     ? "split over the ranks"
+         : options_.gradients == Gradients::per_rank ? "on every rank, of its own gradient"
+                                                     : "on every rank")
+     << "), " << engine_.size() << " rank(s), " << to_string(dtype_of<T>()) << "\n  damping " << options_.damping
+     << ", factor decay " << options_.factor_decay << ", factors every " << options_.factor_every << ", inverses every "
+     << options_.inverse_every << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr
+     << ", inverse by " << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
   if (!restored_.empty()) os << "  " << restored_ << "\n";

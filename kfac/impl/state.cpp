@@ -41,6 +41,11 @@ std::vector<std::pair<std::string, double>> saved_options(const Options& o) {
           {"kl_clip", o.kl_clip},           {"lr", o.lr}};
 }
 
+std::string switches_text(const Resolved& r) {
+  return std::string("pipelined ") + (r.pipelined ? "yes" : "no") + ", planner " + comm::to_string(r.planner) +
+         ", placement " + to_string(r.placement);
+}
+
 std::string option_differences(const StateCounters& saved, const Options& running) {
   std::string text;
   for (const auto& [name, now] : saved_options(running))
@@ -65,6 +70,7 @@ void write_state_fields(StateWriter& out, const std::string& p, const StateShape
   out.set(p + "owners", widen(c.owners));
   out.set(p + "fusion_groups", widen(c.fusion_groups));
   for (const auto& [name, value] : c.options) out.set(p + "options." + name, value);
+  out.set(p + "switches", c.switches);
 }
 
 StateCounters read_state_fields(const StateReader& in, const std::string& p, const StateShape& shape) {
@@ -84,6 +90,7 @@ StateCounters read_state_fields(const StateReader& in, const std::string& p, con
   c.have_inverses = in.flag(p + "have_inverses");
   for (const auto& [name, ignored] : saved_options(Options{}))
     c.options.push_back({name, in.real(p + "options." + name)});
+  if (in.has(p + "switches")) c.switches = in.text(p + "switches");
   if (c.ranks != shape.ranks) return c;  // another rank count: this run keeps its own plans
   const int factors = static_cast<int>(shape.dims.size());
   c.owners = ints_in(in, p + "owners", -1, shape.ranks - 1);

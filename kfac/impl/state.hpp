@@ -38,7 +38,12 @@ struct StateCounters {
   std::vector<int> owners, fusion_groups;  ///< read only when ranks is the running count
   /// The options it ran with, by name (saved_options), for describe() to compare.
   std::vector<std::pair<std::string, double>> options;
+  /// Its strategy's switches (switches_text); "" in a state from before they were saved.
+  std::string switches;
 };
+
+/// "pipelined yes, planner optimal, placement lbp": what decides the plans a state keeps.
+std::string switches_text(const Resolved& r);
 
 /// The options a state records, by name.
 std::vector<std::pair<std::string, double>> saved_options(const Options& o);

@@ -10,6 +10,7 @@
 #include <kdist/adasum/allreduce.hpp>
 #include <kdist/adasum/calibrate.hpp>
 #include <kdist/comm/calibrate.hpp>
+#include <kdist/comm/outcome.hpp>
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/core/inverse_calibration.hpp>
 
@@ -23,41 +24,17 @@ namespace {
 
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-/// Rank 0's error message ("" if none), the same on every rank: its length by a 1-element max
-/// all-reduce, then its characters (one per int) by a broadcast, both through the engine. A message
-/// is then acknowledged by one more all-reduce, which rank 0 completes only once every rank holds
-/// it: every rank throws it next, and rank 0's Engine, destroyed by that exception, tells the
-/// others that rank 0 failed; a rank still in the broadcast would get that notice instead of the
-/// message. A rank that gets the notice in the acknowledgement has the message already.
-std::string error_from_root(kdist::comm::Engine& engine, const std::string& root_message) {
-  const int mine = engine.rank() == 0 ? static_cast<int>(root_message.size()) : 0;
-  const int length =
-      engine.allreduce_values<int>({mine}, kdist::comm::ReduceOp::max, "kdist_calibrate::error_length")[0];
-  if (length == 0) return "";
-  Kokkos::View<int*, Kokkos::HostSpace> text("kdist_calibrate::error_text", length);
-  if (engine.rank() == 0) std::copy(root_message.begin(), root_message.end(), text.data());
-  engine.broadcast(Host(), text, 0, "kdist_calibrate::error_text").wait();
-  std::string message(text.data(), text.data() + length);
-  try {
-    engine.allreduce_values<int>({length}, kdist::comm::ReduceOp::max, "kdist_calibrate::error_ack");
-  } catch (const kdist::comm::RemoteError&) {
-    // rank 0 has left with the message, which this rank holds
-  }
-  return message;
-}
-
-/// Runs `step` on rank 0; if it throws, every rank throws its message (mpi_main reports it with
-/// the rank).
+/// Runs `step` on rank 0; if it throws, every rank throws (rank 0 its own error, the others a
+/// RemoteError with its message: comm::agree_on_outcome), and mpi_main reports it with the rank.
 template <class Step>
 void on_root_or_fail_everywhere(kdist::comm::Engine& engine, Step&& step) {
-  std::string message;
+  std::exception_ptr error;
   if (engine.rank() == 0) try {
       step();
-    } catch (const std::exception& e) {
-      message = e.what();
+    } catch (...) {
+      error = std::current_exception();
     }
-  message = error_from_root(engine, message);
-  if (!message.empty()) throw kdist::Error(message);
+  kdist::comm::agree_on_outcome(engine, error, "kdist_calibrate");
 }
 
 void print_collective(const kdist::comm::Communicator& world, kdist::CostOp op, kdist::DType dt,
