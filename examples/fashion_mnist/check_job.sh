@@ -9,7 +9,9 @@
 #                        batch 48): the uninterrupted 2-rank run's parameters to 1e-5 (SGD, K-FAC,
 #                        K-FAC on the CNN at 3); Adasum resumes at 3 with the mean momentum
 #   check_job.sh refuse  JOB MPIEXEC COMPARE   a global batch the ranks do not divide, a damaged
-#                        checkpoint, another run's: refused on every rank naming the field, exit 1
+#                        checkpoint, another run's (model, optimizer, batch, lr, schedule), one
+#                        with no epoch left: refused on every rank naming the field, exit 1, the
+#                        checkpoint it would have overwritten left as it was
 #   check_job.sh peer    JOB MPIEXEC COMPARE   rank 0 fails alone (unwritable --log): rank 1 exits
 #                        non-zero with rank 0's reason
 #   check_job.sh ranks   JOB MPIEXEC COMPARE   1 rank x batch 2b == 2 ranks x batch b (SGD, average)
@@ -91,13 +93,18 @@ case "$mode" in
     expect 3 "a global batch of 64 samples does not divide among 3 ranks" --global-batch 64 --limit-batches 2
     run 2 --optimizer kfac --epochs 1 --limit-batches 4 --checkpoint "$work/ck"
     cp "$work/ck" "$work/saved"
-    expect 2 "field 'job.optimizer' (byte " --optimizer sgd --resume "$work/ck" --limit-batches 4
-    expect 3 "field 'job.global_batch' (byte " --optimizer kfac --batch 64 --resume "$work/ck" --limit-batches 4
-    expect 2 "field 'job.model' (byte " --model cnn --optimizer kfac --resume "$work/ck" --limit-batches 4
+    # Each refused run resumes from ck and would checkpoint into it: it must leave it as it was.
+    again=(--resume "$work/ck" --checkpoint "$work/ck" --checkpoint-every 1 --limit-batches 4)
+    expect 2 "field 'job.optimizer' (byte " --optimizer sgd "${again[@]}"
+    expect 3 "field 'job.global_batch' (byte " --optimizer kfac --batch 64 "${again[@]}"
+    expect 2 "field 'job.model' (byte " --model cnn --optimizer kfac "${again[@]}"
+    expect 2 "field 'job.lr' (byte " --optimizer kfac --lr 0.2 "${again[@]}"
+    expect 2 "field 'job.lr_schedule' (byte " --optimizer kfac --lr-schedule cosine "${again[@]}"
+    expect 2 "leaves nothing to train" --optimizer kfac --epochs 1 "${again[@]}"
+    cmp "$work/ck" "$work/saved"
     head -c 5000 "$work/saved" > "$work/cut"
     expect 2 "$work/cut: section 'param.0." --optimizer kfac --resume "$work/cut" --limit-batches 4
     grep -q "(truncated)" "$work/err"
-    cmp "$work/ck" "$work/saved"  # a refused resume leaves the checkpoint as it was
     ;;
   peer)
     if "$mpiexec" -n 2 "$job" --quiet --seed 3 --epochs 2 --limit-batches 3 --log /nonexistent-dir/log.csv \

@@ -1,8 +1,10 @@
 // The job's checkpoint: one file (core/state_file.hpp, kind "kdist.fashion_mnist"), written by
 // rank 0 atomically, resumable at any rank count with the same global batch.
 //
-//   fields   job.model, job.optimizer, job.reduce, job.seed, job.global_batch, job.limit_batches:
-//            the run it continues (a resume with others is refused naming the field);
+//   fields   job.model, job.optimizer, job.reduce, job.seed, job.global_batch, job.limit_batches,
+//            job.lr, job.lr_schedule, job.momentum, job.weight_decay, and job.epochs under a
+//            schedule that depends on it (cosine): the run it continues (a resume with others is
+//            refused naming the field; so is one with no epoch left to train);
 //            job.ranks (P when saved), job.epoch and job.batch (the next step), job.loss,
 //            job.correct, job.samples, job.skipped, job.seconds (the epoch so far, over all
 //            ranks), job.log (the CSV lines so far)
@@ -26,6 +28,9 @@
 #include <kdist/nn/sgd.hpp>
 
 #include <mpi.h>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +87,14 @@ inline void resolve_batch(Settings& s, int ranks, const kdist::StateReader* save
 }
 
 namespace detail {
+/// The shortest %g text that reads back as x.
+inline std::string real_text(double x) {
+  char text[32];
+  for (int digits = 6;; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, x);
+    if (digits >= 17 || std::strtod(text, nullptr) == x) return text;
+  }
+}
 inline std::string section(const char* what, std::size_t i, const std::string& name) {
   return std::string(what) + "." + std::to_string(i) + "." + name;
 }
@@ -95,6 +108,11 @@ inline void write_job_fields(kdist::StateWriter& out, const Settings& s, int ran
   out.set("job.seed", static_cast<long long>(s.seed));
   out.set("job.global_batch", global_batch(s, ranks));
   out.set("job.limit_batches", static_cast<long long>(s.limit_batches));
+  out.set("job.lr", s.lr);
+  out.set("job.lr_schedule", name_of(examples::kScheduleNames, s.schedule));
+  out.set("job.momentum", s.momentum);
+  out.set("job.weight_decay", s.weight_decay);
+  out.set("job.epochs", static_cast<long long>(s.epochs));
   out.set("job.ranks", static_cast<long long>(ranks));
   out.set("job.epoch", static_cast<long long>(at.epoch));
   out.set("job.batch", static_cast<long long>(at.batch));
@@ -112,19 +130,42 @@ inline Position read_job_fields(const kdist::StateReader& saved, const Settings&
     const std::string got = saved.text(field);
     if (got != want) saved.refuse(field, "the checkpoint's run has " + got + ", this one " + want);
   };
+  const auto same_integer = [&](const char* field, long long want, const char* option) {
+    const long long got = saved.integer(field);
+    if (got != want)
+      saved.refuse(field, "the checkpoint's run has " + std::to_string(got) + ", this one " + std::to_string(want) +
+                              " (give " + option + " " + std::to_string(got) + ")");
+  };
+  const auto same_real = [&](const char* field, double want, const char* option) {
+    const double got = saved.real(field);
+    if (got != want)
+      saved.refuse(field, "the checkpoint's run has " + detail::real_text(got) + ", this one " +
+                              detail::real_text(want) + " (give " + option + " " + detail::real_text(got) + ")");
+  };
   same("job.model", name_of(kModelNames, s.model));
   same("job.optimizer", name_of(kOptimizerNames, s.optimizer));
   same("job.reduce", name_of(kReduceNames, s.reduce));
-  if (saved.integer("job.seed") != static_cast<long long>(s.seed))
-    saved.refuse("job.seed", "the checkpoint's run has seed " + std::to_string(saved.integer("job.seed")) +
-                                 ", this one " + std::to_string(s.seed));
-  if (saved.integer("job.limit_batches") != s.limit_batches)
-    saved.refuse("job.limit_batches", "the checkpoint's run has " + std::to_string(saved.integer("job.limit_batches")) +
-                                          ", this one " + std::to_string(s.limit_batches));
+  same_integer("job.seed", s.seed, "--seed");
+  same_integer("job.limit_batches", s.limit_batches, "--limit-batches");
+  // The update rule: a resumed run follows the same curve (checkpoints from before these fields
+  // were written have none to compare).
+  if (saved.has("job.lr")) {
+    same_real("job.lr", s.lr, "--lr");
+    same("job.lr_schedule", name_of(examples::kScheduleNames, s.schedule));
+    same_real("job.momentum", s.momentum, "--momentum");
+    same_real("job.weight_decay", s.weight_decay, "--weight-decay");
+    if (s.schedule == examples::Schedule::cosine) same_integer("job.epochs", s.epochs, "--epochs");
+  }
   Position at;
   at.epoch = static_cast<int>(saved.integer("job.epoch"));
   at.batch = static_cast<int>(saved.integer("job.batch"));
   if (at.epoch < 0 || at.batch < 0) saved.refuse("job.epoch", "a negative position");
+  if (at.epoch >= s.epochs)
+    saved.refuse("job.epoch", "the checkpoint's run has finished " + std::to_string(at.epoch) +
+                                  " epoch(s): this run's --epochs " + std::to_string(s.epochs) +
+                                  " leaves nothing to train (give more)");
+  const long long ranks = saved.integer("job.ranks");
+  if (ranks < 1 || ranks > INT_MAX) saved.refuse("job.ranks", std::to_string(ranks) + " is not a rank count");
   at.so_far = {saved.real("job.loss"), saved.real("job.samples"), saved.real("job.correct"), saved.real("job.seconds"),
                saved.real("job.skipped")};
   at.log_lines = saved.texts("job.log");
