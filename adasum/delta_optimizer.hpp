@@ -11,6 +11,7 @@
 #pragma once
 
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/core/error.hpp>
 
 #include <cmath>
 #include <functional>
@@ -26,12 +27,19 @@ class DeltaOptimizer {
   using execution_space = typename MemorySpace::execution_space;
   using Param = Kokkos::View<T*, MemorySpace>;
 
-  DeltaOptimizer(comm::Engine& engine, std::vector<Param> params, const Topology* topology = nullptr)
-      : engine_(engine), params_(std::move(params)), topology_(topology) {
+  /// `labels` name the parameters in the all-reduce's checks and errors; empty: the views' labels
+  /// (unmanaged views, e.g. over another framework's tensors, have none).
+  DeltaOptimizer(comm::Engine& engine, std::vector<Param> params, const Topology* topology = nullptr,
+                 std::vector<std::string> labels = {})
+      : engine_(engine), params_(std::move(params)), topology_(topology), labels_(std::move(labels)) {
+    if (!labels_.empty() && labels_.size() != params_.size())
+      kdist::impl::throw_invalid("kdist::adasum::DeltaOptimizer", std::to_string(labels_.size()) + " labels for " +
+                                                                      std::to_string(params_.size()) + " parameters");
+    const bool labels_from_views = labels_.empty();
     bounds_.push_back(0);
     for (const Param& p : params_) {
       bounds_.push_back(bounds_.back() + p.extent(0));
-      labels_.push_back(p.label());
+      if (labels_from_views) labels_.push_back(p.label());
     }
     start_ =
         Param(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::adasum::DeltaOptimizer::start"), bounds_.back());
@@ -60,6 +68,19 @@ class DeltaOptimizer {
     }
     return norm;
   }
+
+  /// The parameters now live in `params` (the same sizes, in the same order): for a framework that
+  /// replaced their storage, e.g. LibTorch's torch::load. Not collective.
+  void rebind(std::vector<Param> params) {
+    bool same = params.size() == params_.size();
+    for (std::size_t k = 0; same && k < params.size(); ++k) same = params[k].extent(0) == params_[k].extent(0);
+    if (!same)
+      kdist::impl::throw_invalid("kdist::adasum::DeltaOptimizer::rebind",
+                                 std::to_string(params.size()) + " parameters of other sizes than the " +
+                                     std::to_string(params_.size()) + " it was built with");
+    params_ = std::move(params);
+  }
+  const std::vector<Param>& parameters() const noexcept { return params_; }
 
   /// One distributed step (collective). `local_step` is the user's optimizer update of the
   /// parameters from `grads` (on `exec`); `max_grad_norm` > 0 clips the gradients before it.
@@ -93,8 +114,8 @@ class DeltaOptimizer {
   comm::Engine& engine_;
   std::vector<Param> params_;
   const Topology* topology_;
-  std::vector<std::size_t> bounds_;
   std::vector<std::string> labels_;
+  std::vector<std::size_t> bounds_;
   Param start_, delta_;
 };
 

@@ -11,21 +11,25 @@ using Exec = Kokkos::DefaultExecutionSpace;
 GradientReducer::GradientReducer(::torch::nn::Module& model, comm::Engine& engine, Reduce reduce)
     : engine_(engine), reduce_(reduce) {
   std::vector<typename comm::FusedAllreducer<float, Mem>::Tensor> tensors;
-  std::vector<Kokkos::View<float*, Mem>> values;
+  std::vector<comm::FusionTensor> sizes;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     names_.push_back(item.key());
     params_.push_back(item.value());
-    values.push_back(flat_view_of<float, Mem>(item.value(), item.key()));
     tensors.push_back({item.key(), static_cast<std::size_t>(item.value().numel()), false});
+    sizes.push_back({tensors.back().elements() * sizeof(float), 0.0});
   }
   if (params_.empty())
     kdist::impl::throw_invalid("kdist::torch::GradientReducer",
                                "the model (" + model.name() + ") has no parameter that requires a gradient");
-  if (reduce_ == Reduce::average)
+  if (reduce_ == Reduce::average) {
+    // Every gradient is ready once backward returns, so nothing is gained by sending early:
+    // groups of up to 64 MiB, Horovod's default fusion threshold.
     fused_ = std::make_unique<comm::FusedAllreducer<float, Mem>>(engine_, tensors);
-  else
-    adasum_ = std::make_unique<adasum::DeltaOptimizer<float, Mem>>(engine_, values);
+    fused_->set_plan(comm::plan_threshold(sizes, kFusionBytes));
+  } else {
+    adasum_ = std::make_unique<adasum::DeltaOptimizer<float, Mem>>(engine_, parameter_views(), nullptr, names_);
+  }
 }
 
 GradientReducer::~GradientReducer() = default;
@@ -62,9 +66,23 @@ void GradientReducer::allreduce() {
   fused_->wait(exec);
 }
 
+// Views of the parameters' storage as it is now: torch::load and Module::to give a parameter new
+// storage (Tensor::set_), and the delta optimizer must snapshot and write the live one.
+std::vector<Kokkos::View<float*, GradientReducer::Mem>> GradientReducer::parameter_views() const {
+  std::vector<Kokkos::View<float*, Mem>> values;
+  for (std::size_t i = 0; i < params_.size(); ++i) values.push_back(flat_view_of<float, Mem>(params_[i], names_[i]));
+  return values;
+}
+
 void GradientReducer::step(const std::function<void()>& local_step) {
   if (!adasum_) refuse("kdist::torch::GradientReducer::step: this reducer averages: call allreduce()");
-  adasum_->step(Exec(), gradients("step"), local_step);
+  const auto grads = gradients("step");
+  try {
+    adasum_->rebind(parameter_views());
+  } catch (const InvalidArgument& e) {
+    refuse(e.what());
+  }
+  adasum_->step(Exec(), grads, local_step);
 }
 
 }  // namespace torch

@@ -1,6 +1,7 @@
 // Gradient reduction over a LibTorch model's parameters, the way Horovod's DistributedOptimizer
-// does it: averaged in one fused all-reduce (comm::FusedAllreducer, kdist's pipelined buckets),
-// or Adasum over the optimizer's parameter deltas (adasum::DeltaOptimizer, Horovod's op=Adasum).
+// does it: averaged after backward in fused all-reduces of up to 64 MiB (comm::FusedAllreducer,
+// Horovod's default threshold), or Adasum over the optimizer's parameter deltas
+// (adasum::DeltaOptimizer, Horovod's op=Adasum; with K-FAC, its Options::gradients = per_rank).
 //
 //   kdist::comm::Engine engine(world);
 //   kdist::torch::GradientReducer reducer(*model, engine);           // average
@@ -14,7 +15,10 @@
 // out of the tensors. allreduce() averages: each rank's loss must be the mean over equal shares
 // of the global batch (weight it otherwise). Errors (a parameter without a gradient, another
 // dtype or device) are an InvalidArgument naming the parameter and the rank; the Engine fails so
-// the other ranks raise comm::RemoteError with it instead of hanging.
+// the other ranks raise comm::RemoteError with it at their next wait on it. With a KFAC on another
+// Engine, fail that one too in your catch block (docs/torch.md), or peers waiting on it hang.
+// The parameters' storage is read at every step: torch::load or Module::to after construction is
+// followed.
 #pragma once
 
 #include <kdist/adasum/delta_optimizer.hpp>
@@ -50,8 +54,11 @@ class GradientReducer {
   std::size_t parameters() const noexcept { return params_.size(); }
 
  private:
+  static constexpr std::size_t kFusionBytes = std::size_t(64) << 20;
+
   [[noreturn]] void refuse(const std::string& message);
   std::vector<Kokkos::View<float*, Mem>> gradients(const char* operation);
+  std::vector<Kokkos::View<float*, Mem>> parameter_views() const;
 
   comm::Engine& engine_;
   Reduce reduce_;

@@ -94,31 +94,62 @@ at::Tensor KFAC::forward(::torch::nn::Module& module, const at::Tensor& x) {
   const int l = layer_of(module, "forward");
   auto* linear = as_linear(module);
   const bool training = module.is_training() && ::torch::GradMode::is_enabled();
+  const std::string& name = names_[static_cast<std::size_t>(l)];
   if (training) {
     try {
-      if (linear)
-        kfac_->on_forward(Exec(), l, view_of<float**, Mem>(x, names_[static_cast<std::size_t>(l)] + " input"));
-      else
-        kfac_->on_forward(Exec(), l, view_of<float****, Mem>(x, names_[static_cast<std::size_t>(l)] + " input"));
+      // The input, then the module's own parameters: torch's forward would refuse those with its
+      // own error after this rank had recorded factor A, the others waiting for its factor G.
+      const auto check_parameters = [&] {
+        flat_view_of<float, Mem>(weights_[static_cast<std::size_t>(l)], name + ".weight");
+        if (biases_[static_cast<std::size_t>(l)].defined())
+          flat_view_of<float, Mem>(biases_[static_cast<std::size_t>(l)], name + ".bias");
+      };
+      if (linear) {
+        const auto input = view_of<float**, Mem>(x, name + " input");
+        check_parameters();
+        kfac_->on_forward(Exec(), l, input);
+      } else {
+        const auto input = view_of<float****, Mem>(x, name + " input");
+        check_parameters();
+        kfac_->on_forward(Exec(), l, input);
+      }
     } catch (const comm::RemoteError&) {
       throw;
     } catch (const InvalidArgument& e) {
       if (!engine_.healthy()) throw;  // the preconditioner has told the peers already
-      refuse(std::string(e.what()) + " (kdist::torch::KFAC::forward, rank " + std::to_string(engine_.rank()) + ")");
+      refuse(std::string(e.what()) + " (kdist::torch::KFAC::forward)");
     }
   }
-  at::Tensor y = linear ? linear->forward(x) : as_conv(module)->forward(x);
-  if (training && y.requires_grad()) y.register_hook([this, l](const at::Tensor& dy) { on_output_gradient(l, dy); });
+  at::Tensor y;
+  try {
+    y = linear ? linear->forward(x) : as_conv(module)->forward(x);
+  } catch (const c10::Error& e) {
+    if (!training) throw;  // nothing recorded, no peer waits on this rank
+    refuse("kdist::torch::KFAC::forward: " + name + " refused its input: " + e.what_without_backtrace() + " (rank " +
+           std::to_string(engine_.rank()) + ")");
+  }
+  // The hook holds the KFAC weakly: one destroyed between forward and backward records nothing.
+  if (training && y.requires_grad())
+    y.register_hook([self = std::weak_ptr<KFAC*>(self_), l](const at::Tensor& dy) {
+      if (const auto kfac = self.lock()) (*kfac)->on_output_gradient(l, dy);
+    });
   return y;
 }
 
 void KFAC::on_output_gradient(int l, const at::Tensor& dy) {
-  const at::Tensor g = dy.contiguous();  // autograd's own tensor: a copy only when it is strided
   const std::string what = names_[static_cast<std::size_t>(l)] + " output gradient";
-  if (as_linear(*modules_[static_cast<std::size_t>(l)]))
-    kfac_->on_backward(Exec(), l, view_of<float**, Mem>(g, what));
-  else
-    kfac_->on_backward(Exec(), l, view_of<float****, Mem>(g, what));
+  try {
+    const at::Tensor g = dy.contiguous();  // autograd's own tensor: a copy only when it is strided
+    if (as_linear(*modules_[static_cast<std::size_t>(l)]))
+      kfac_->on_backward(Exec(), l, view_of<float**, Mem>(g, what));
+    else
+      kfac_->on_backward(Exec(), l, view_of<float****, Mem>(g, what));
+  } catch (const comm::RemoteError&) {
+    throw;
+  } catch (const InvalidArgument& e) {
+    if (!engine_.healthy()) throw;
+    refuse(std::string(e.what()) + " (kdist::torch::KFAC, backward)");
+  }
 }
 
 void KFAC::step() {

@@ -23,7 +23,9 @@
 // Errors: a module that is not one of the model's layers or of a kind kdist does not know, a
 // tensor of another dtype or device, a non-contiguous gradient, layers out of order: an
 // InvalidArgument on this rank naming the module and the rank, and the Engine fails, so every
-// other rank raises comm::RemoteError with it at its next wait instead of hanging.
+// other rank raises comm::RemoteError with it at its next wait on this Engine (fail the reducer's
+// Engine too in your catch block: docs/torch.md). With Adasum (each rank's own gradient), give
+// options.gradients = kfac::Gradients::per_rank.
 #pragma once
 
 #include <kdist/kfac/preconditioner.hpp>
@@ -41,8 +43,11 @@ class KFAC {
  public:
   using Preconditioner = kfac::Preconditioner<float>;
 
-  /// `model` and `engine` are borrowed and must outlive the KFAC.
+  /// `model` and `engine` are borrowed and must outlive the KFAC. Not copied or moved: the
+  /// gradient hooks of a forward in flight find it where it was built.
   KFAC(::torch::nn::Module& model, comm::Engine& engine, kfac::Options options = {});
+  KFAC(const KFAC&) = delete;
+  KFAC& operator=(const KFAC&) = delete;
 
   /// module(x), recording what K-FAC needs when training (see above).
   at::Tensor forward(::torch::nn::Module& module, const at::Tensor& x);
@@ -55,7 +60,8 @@ class KFAC {
   /// Preconditions every layer's gradient in place (after they are reduced over the ranks).
   void step();
 
-  /// The layers, e.g. "fc1: Dense(784, 256, bias)", and the preconditioner's describe().
+  /// The layers' names, e.g. "fc1, fc2", and the preconditioner's describe() (which lists their
+  /// shapes, "Dense(784, 256, bias)", in the same order).
   std::string describe() const;
   Preconditioner& preconditioner() noexcept { return *kfac_; }
   int layers() const noexcept { return static_cast<int>(modules_.size()); }
@@ -71,6 +77,7 @@ class KFAC {
   std::vector<std::shared_ptr<::torch::nn::Module>> modules_;
   std::vector<at::Tensor> weights_, biases_;  // per layer (an undefined bias: none)
   std::unique_ptr<Preconditioner> kfac_;
+  std::shared_ptr<KFAC*> self_ = std::make_shared<KFAC*>(this);  // what the hooks hold, weakly
 };
 
 }  // namespace torch

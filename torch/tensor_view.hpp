@@ -26,7 +26,7 @@ namespace kdist {
 namespace torch {
 
 namespace impl {
-/// "sizes [2, 3], float32 (torch Float), cpu, strides [1, 2]" for messages.
+/// "sizes [2, 3], Float, cpu, strides [1, 2]" for messages (torch's dtype names).
 std::string describe(const at::Tensor& t);
 /// Throws InvalidArgument "kdist::torch::<operation>: <what>: <problem>: <describe(t)> (rank r)".
 [[noreturn]] void refuse(const char* operation, const std::string& what, const std::string& problem,

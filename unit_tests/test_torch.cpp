@@ -57,6 +57,15 @@ std::vector<float> values(const at::Tensor& t) {
   const at::Tensor c = t.detach().contiguous();
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
+/// Every rank's `mine` equals this rank's, bit for bit.
+void check_same_on_every_rank(const std::vector<float>& mine) {
+  std::vector<float> all(mine.size() * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
+                MPI_FLOAT, MPI_COMM_WORLD);
+  for (int r = 0; r < world_size(); ++r)
+    CHECK(std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()),
+                             all.begin() + static_cast<std::ptrdiff_t>((r + 1) * mine.size())) == mine);
+}
 template <class V>
 std::vector<float> values_of(const V& v) {
   const auto h = kdist_test::to_host(v);
@@ -240,12 +249,7 @@ TEST_CASE("torch: K-FAC and gradient reduction keep the ranks bit-identical", "[
       const auto v = values(p);
       mine.insert(mine.end(), v.begin(), v.end());
     }
-    std::vector<float> all(mine.size() * static_cast<std::size_t>(world_size()));
-    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
-                  MPI_FLOAT, MPI_COMM_WORLD);
-    for (int r = 0; r < world_size(); ++r)
-      CHECK(std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()),
-                               all.begin() + static_cast<std::ptrdiff_t>((r + 1) * mine.size())) == mine);
+    check_same_on_every_rank(mine);
     CHECK(std::isfinite(mine[0]));
   }
 }
@@ -283,4 +287,50 @@ TEST_CASE("torch: bad input is refused on every rank", "[torch][leaks-comm]") {
     };
     CHECK_THROWS_WITH(run(f), Catch::Contains("fc1 input: not Float") && Catch::Contains(who));
   }
+  SECTION("a layer whose own weights are of another dtype, its input float32") {
+    const auto f = [](TwoLayers& m, kdist::torch::KFAC& kfac) {
+      m.fc2->to(::torch::kFloat64);
+      return kfac.forward(m.fc2, kfac.forward(m.fc1, batch(0, 0)));
+    };
+    CHECK_THROWS_WITH(run(f), Catch::Contains("fc2.weight: not Float") && Catch::Contains(who));
+  }
+}
+
+TEST_CASE("torch: the averaging reducer leaves every gradient the mean over the ranks", "[torch]") {
+  auto model = std::make_shared<TwoLayers>();
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  kdist::torch::GradientReducer reducer(*model, engine);
+  // Rank r's gradient element i is (r + 1) * (i + 1): the mean is (P + 1) / 2 * (i + 1).
+  for (auto& p : model->parameters())
+    p.mutable_grad() = ::torch::arange(1, p.numel() + 1, ::torch::kFloat32).reshape(p.sizes()) * (world_rank() + 1);
+  reducer.allreduce();
+  for (const auto& p : model->parameters()) {
+    const auto got = values(p.grad());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      CHECK(got[i] == Approx((world_size() + 1) / 2.0 * static_cast<double>(i + 1)).epsilon(1e-6));
+  }
+}
+
+// torch::load gives every parameter new storage (Tensor::set_): Adasum's delta step must move the
+// parameters the model now has, not the storage they had when the reducer was built.
+TEST_CASE("torch: the Adasum reducer follows parameters that torch::load re-homed", "[torch]") {
+  ::torch::manual_seed(5);
+  auto model = std::make_shared<TwoLayers>();
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  kdist::torch::GradientReducer reducer(*model, engine, kdist::torch::Reduce::adasum);
+  const std::string path = "test_torch_reload_" + std::to_string(world_rank()) + ".pt";
+  ::torch::save(model, path);
+  const void* before = model->fc1->weight.data_ptr();
+  ::torch::load(model, path);
+  std::remove(path.c_str());
+  REQUIRE(model->fc1->weight.data_ptr() != before);  // what the test is about
+  const auto start = values(model->fc1->weight);
+  ::torch::nn::functional::cross_entropy(model->forward(nullptr, batch(0, world_rank())), labels(0, world_rank()))
+      .backward();
+  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+  reducer.step([&] { sgd.step(); });
+  // Every rank holds the same parameters, moved from where they started.
+  const auto mine = values(model->fc1->weight);
+  CHECK(mine != start);
+  check_same_on_every_rank(mine);
 }
