@@ -123,6 +123,9 @@ class Preconditioner {
 
   /// Strategy, switches, layers and the placement table: what to print at start-up.
   std::string describe() const;
+  /// After a load: the file, the step and rank count it was saved at, and which plans this run
+  /// keeps ("" before any load); describe() includes it.
+  const std::string& restored() const noexcept { return restored_; }
   const Placement& placement() const noexcept { return placement_; }
   const comm::FusionPlan& fusion_plan() const noexcept { return fused_->plan(); }
   const Resolved& switches() const noexcept { return switches_; }

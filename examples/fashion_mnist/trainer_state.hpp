@@ -76,6 +76,7 @@ inline Position Trainer::resume(const kdist::StateReader& saved) {
     std::printf("resumed from %s: epoch %d, step %d, saved at %d rank(s), global batch %lld (%d per rank here)%s\n",
                 s_.resume.c_str(), at.epoch + 1, at.batch, saved_ranks, global_batch(s_, world_.size()), s_.batch,
                 per_rank && saved_ranks != world_.size() ? "; each rank's momentum: the mean of the saved ranks'" : "");
+  if (kfac_ && world_.rank() == 0 && !s_.quiet) std::printf("K-FAC %s\n", kfac_->restored().c_str());
   return at;
 }
 
