@@ -80,7 +80,6 @@ class DeltaOptimizer {
                                      std::to_string(params_.size()) + " it was built with");
     params_ = std::move(params);
   }
-  const std::vector<Param>& parameters() const noexcept { return params_; }
 
   /// One distributed step (collective). `local_step` is the user's optimizer update of the
   /// parameters from `grads` (on `exec`); `max_grad_norm` > 0 clips the gradients before it.

@@ -4,11 +4,14 @@
 #include <catch2/catch.hpp>
 #include <kdist/comm/engine.hpp>
 #include <kdist/comm/impl/signature_check.hpp>
+#include <kdist/comm/outcome.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
 #include "test_space.hpp"
@@ -117,6 +120,46 @@ TEST_CASE("allreduce_values: host numbers reduced over all ranks, counts checked
   std::vector<int> flags(me == P - 1 ? 2 : 1, 1);
   REQUIRE_THROWS_WITH(eng.allreduce_values(flags, ReduceOp::max, "flags"),
                       Catch::Contains("'flags'") && Catch::Contains("count=1") && Catch::Contains("count=2"));
+}
+
+TEST_CASE("agree_on_outcome: every rank learns the lowest failing rank's reason; the Engine goes on",
+          "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const auto outcome = [&](bool fail, const std::exception_ptr& error) -> std::string {
+    try {
+      kdist::comm::agree_on_outcome(eng, fail ? error : nullptr, "reading part");
+    } catch (const kdist::comm::RemoteError& e) {
+      return std::string("remote: ") + e.what();
+    } catch (const std::runtime_error& e) {
+      return std::string("own: ") + e.what();
+    } catch (...) {
+      return "own: not std";
+    }
+    return "";
+  };
+  const auto error = [&](const std::string& text) { return std::make_exception_ptr(std::runtime_error(text)); };
+  CHECK(outcome(false, nullptr).empty());
+  // The last two ranks fail (the last alone at 2 ranks, rank 0 alone at 1): the lower one is named.
+  const int lowest = std::max(0, P - 2);
+  const std::string m = outcome(me >= lowest, error("part " + std::to_string(me) + " is missing"));
+  if (me >= lowest)
+    CHECK(m == "own: part " + std::to_string(me) + " is missing");
+  else
+    CHECK(m == "remote: reading part: rank " + std::to_string(lowest) + " failed: part " + std::to_string(lowest) +
+                   " is missing (reported on rank " + std::to_string(me) + ")");
+  // Not a std::exception: its type is kept where it was thrown, the others get a stand-in text.
+  const std::string n = outcome(me == P - 1, std::make_exception_ptr(42));
+  CHECK_THAT(n, Catch::Equals(me == P - 1 ? "own: not std" : "") ||
+                    Catch::Contains("failed: an exception that is not a std::exception"));
+  if (me != P - 1) CHECK(!n.empty());
+  CHECK(eng.healthy());
+  CHECK(eng.allreduce_values<int>({1}, ReduceOp::sum, "after")[0] == P);
+  if (P < 2) return;
+  // Ranks that name the operation differently are caught like any other mismatch, on every rank.
+  REQUIRE_THROWS_WITH(kdist::comm::agree_on_outcome(eng, nullptr, me == P - 1 ? "writing" : "reading"),
+                      Catch::Contains("'writing: outcome'") && Catch::Contains("'reading: outcome'"));
 }
 
 TEST_CASE("Engine::shares_node agrees with the shared-memory node communicator", "[comm][engine]") {

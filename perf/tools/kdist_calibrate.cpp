@@ -14,15 +14,12 @@
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/core/inverse_calibration.hpp>
 
-#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "common/mpi_main.hpp"
 
 namespace {
-
-using Host = Kokkos::DefaultHostExecutionSpace;
 
 /// Runs `step` on rank 0; if it throws, every rank throws (rank 0 its own error, the others a
 /// RemoteError with its message: comm::agree_on_outcome), and mpi_main reports it with the rank.
