@@ -41,6 +41,11 @@ enum class InverseMethod {
   eigen      ///< syevd, then Q diag(1/(lambda + damping)) Q^T: slower, robust to clustered spectra
 };
 
+/// "cholesky", "eigen".
+inline const char* to_string(InverseMethod m) {
+  return m == InverseMethod::eigen ? "eigen" : "cholesky";
+}
+
 namespace impl {
 
 /// Backend dispatch. Each backend enqueues its work on the instance and writes LAPACK's info
@@ -139,9 +144,9 @@ constexpr void static_check_workspace() {
                        "non-finite input (" + std::to_string(bad) + " NaN/Inf entries in '" + label + "')");
 }
 
-/// One pass over A: M's upper triangle := A's, plus gamma on the diagonal, while count() := the
-/// number of NaN/Inf entries of all of A (OpenBLAS potrf may return info = 0 on a NaN). M's
-/// lower triangle is not written: every backend reads the upper one only. Enqueued.
+/// One pass over A's upper triangle: M's := A's, plus gamma on the diagonal, while count() := the
+/// number of NaN/Inf entries in it (OpenBLAS potrf may return info = 0 on a NaN). Neither A's nor
+/// M's lower triangle is touched: every backend reads the upper one only. Enqueued.
 template <class ExecSpace, class AV, class MV, class CV>
 void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, const AV& A,
                                    typename MV::non_const_value_type gamma, const MV& M, const CV& count) {
@@ -160,7 +165,6 @@ void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, con
         const T diag = A(j, j);
         M(j, j) = diag + gamma;
         col_bad += !compat::isfinite(diag);
-        for (int i = j + 1; i < n; ++i) col_bad += !compat::isfinite(A(i, j));
         acc += col_bad;
       },
       count);

@@ -366,6 +366,16 @@ void check_owner(const char* func, std::size_t items, int ranks, const std::vect
                                     std::to_string(ranks) + ")");
 }
 
+/// A plan handed in from outside (a public struct): its owners and cost lists must agree with it.
+void check_plan(const char* func, const Placement& p) {
+  check_ranks(func, p.ranks);
+  if (p.inverse_s.size() != p.owner.size() || p.broadcast_s.size() != p.owner.size())
+    impl::throw_invalid(func, "the plan has " + std::to_string(p.owner.size()) + " owners, " +
+                                  std::to_string(p.inverse_s.size()) + " inverse and " +
+                                  std::to_string(p.broadcast_s.size()) + " broadcast costs");
+  check_owner(func, p.owner.size(), p.ranks, p.owner);
+}
+
 }  // namespace
 
 namespace {
@@ -459,6 +469,19 @@ double channel_lower_bound(const std::vector<PlacementItem>& items, const Placem
   return channel_bound(costs_of(func, items, models), ranks);
 }
 
+Placement with_owners(const Placement& p, const std::vector<int>& owner) {
+  constexpr const char* func = "kdist::kfac::with_owners";
+  check_plan(func, p);
+  check_owner(func, p.owner.size(), p.ranks, owner);
+  Placement q = p;
+  q.owner = owner;
+  q.exact = false;
+  const Costs c{p.inverse_s, p.broadcast_s};
+  q.modelled_time = p.kind == PlacementKind::channel ? channel_makespan(c, p.ranks, owner, &q.load)
+                                                     : makespan(c, p.ranks, owner, &q.load);
+  return q;
+}
+
 double lbp_bound_factor(int ranks) {
   check_ranks("kdist::kfac::lbp_bound_factor", ranks);
   return ranks == 1 ? 1.0 : ranks / 2.0 + 1.0;
@@ -477,6 +500,7 @@ double lbp_bound_factor(int ranks) {
 //    time (its owner's cumulative inverse time) is what a channel serving in arrival order does.
 // Ties (equal doubles on every rank, since place() is deterministic) go by owner, then index.
 std::vector<int> broadcast_order(const Placement& p) {
+  check_plan("kdist::kfac::broadcast_order", p);
   struct Entry {
     double ready;
     int owner, index;
@@ -512,6 +536,9 @@ std::vector<int> broadcast_order(const Placement& p) {
 }
 
 std::vector<InverseTask> inverse_tasks(const Placement& p, int rank) {
+  if (rank < 0 || rank >= p.ranks)
+    impl::throw_invalid("kdist::kfac::inverse_tasks",
+                        "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(p.ranks) + ")");
   std::vector<InverseTask> tasks;
   for (int f : broadcast_order(p)) {
     const int root = p.owner[static_cast<std::size_t>(f)];

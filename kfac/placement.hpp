@@ -95,6 +95,10 @@ double channel_time(const std::vector<PlacementItem>& items, const PlacementMode
 /// <= the channel model's optimum: max(max_i inv_i, LP relaxation of max(sum_CT bcast, sum_i inv_i - (1 - 1/P) sum_CT
 /// inv_i)) (derivation in placement.cpp).
 double channel_lower_bound(const std::vector<PlacementItem>& items, const PlacementModels& models, int ranks);
+/// p with `owner` in its place (a resumed run's saved plan): per-rank loads and makespan re-computed
+/// from p's modelled costs in p's model (the channel model for kind channel), exact = false; the
+/// lower bound stays p's, since it does not depend on the owners.
+Placement with_owners(const Placement& p, const std::vector<int>& owner);
 /// c(P) with lbp makespan <= c(P) * optimum: 1 for P == 1, P/2 + 1 for P >= 2 (proof in placement.cpp).
 double lbp_bound_factor(int ranks);
 
@@ -103,7 +107,8 @@ double lbp_bound_factor(int ranks);
 /// factors whose inverse is no longer than their broadcast first, by increasing inverse, then the
 /// rest by decreasing broadcast. Across owners, by modelled ready time (that owner's inverses up to
 /// and including this one), ties by owner, then index. A pure function of the plan: every rank gets
-/// the same order. Why (one channel fed by P owners) in placement.cpp.
+/// the same order. Why (one channel fed by P owners) in placement.cpp. Throws InvalidArgument on a
+/// plan whose owners lie outside [-1, ranks) or whose cost lists do not match its owner list.
 std::vector<int> broadcast_order(const Placement& p);
 
 /// One step of a rank's inverse stage (Preconditioner::step on inverse steps).
@@ -120,7 +125,8 @@ struct InverseTask {
 
 /// Rank `rank`'s inverse stage under plan p, in order: every CT factor in broadcast_order(p) (so
 /// every rank posts the broadcasts in one order, and an owner inverts each while its previous
-/// broadcast is in flight), then the NCT factors by index. A pure function of the plan.
+/// broadcast is in flight), then the NCT factors by index. A pure function of the plan; throws as
+/// broadcast_order does, and on a rank outside [0, ranks).
 std::vector<InverseTask> inverse_tasks(const Placement& p, int rank);
 
 }  // namespace kfac

@@ -26,7 +26,9 @@
 // NaN/Inf in activations or output gradients, a factor not SPD after damping: the rank that finds
 // it throws (InvalidArgument, NonFiniteError, NumericalError naming the layer and the rank) and
 // fails the Engine, so every other rank raises comm::RemoteError at its next wait instead of
-// hanging. The running factors, inverses and counters change only when a step completes.
+// hanging. On steps that make no factor the hooks read nothing, so they check only their order.
+// The running factors and counters change only when a step completes; a step that throws leaves
+// the inverses it was making unspecified, and the next step makes them all again.
 // save()/load() are collective; a state from another layer list or dtype, or a damaged one, is
 // refused on every rank naming the file, field and byte offset; a failed save leaves the previous
 // file intact. A state saved at another rank count is resumed with plans re-made for this one.
@@ -174,6 +176,8 @@ class Preconditioner {
   const Matrix& start_factor(const execution_space& exec, int f);
   void accept_factor(const execution_space& exec, int f, int l);
   void reduce_factors(const execution_space& exec);
+  /// The blended factors become the running ones (and back, when a step fails after the swap).
+  void swap_running_and_pending();
   void update_inverses(const execution_space& exec);
   void invert(const execution_space& exec, int f);
   void precondition(const execution_space& exec, const std::vector<Gradient>& gradients);

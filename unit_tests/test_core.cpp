@@ -267,9 +267,12 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
     CHECK(bytes_of(A) == before);
 
     // NaN: OpenBLAS potrf may return info = 0 on NaN, so kdist must find it whatever LAPACK says.
-    Dense b = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng);
+    // Only the upper triangle is read, so the NaN below the diagonal is not counted.
+    const Dense clean = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng);
+    Dense b = clean;
     b[3 * n + 5] = std::numeric_limits<double>::quiet_NaN();
-    b[20 * n + 1] = std::numeric_limits<double>::infinity();
+    b[1 * n + 20] = std::numeric_limits<double>::infinity();
+    b[22 * n + 2] = std::numeric_limits<double>::quiet_NaN();
     const auto B = to_view<T>(b, n, "A[7]");
     const auto B_before = bytes_of(B);
     try {
@@ -281,6 +284,14 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
                                Catch::Contains("'A[7]'") && Catch::Contains("dimension 24"));
     }
     CHECK(bytes_of(B) == B_before);
+
+    // A non-finite strictly lower triangle alone changes nothing: the inverse is the clean one's.
+    Dense lower_bad = clean;
+    for (int i = 1; i < n; ++i) lower_bad[i * n + i - 1] = std::numeric_limits<double>::quiet_NaN();
+    TestMatrix<T> inv_clean("inv_clean", n, n);
+    kdist::spd_inverse(TestExec(), to_view<T>(clean, n, "clean"), 1e-3, inv_clean, method);
+    kdist::spd_inverse(TestExec(), to_view<T>(lower_bad, n, "lower_bad"), 1e-3, inv, method);
+    CHECK(to_dense(inv) == to_dense(inv_clean));
   }
 }
 

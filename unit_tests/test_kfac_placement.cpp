@@ -506,3 +506,45 @@ TEST_CASE("inverse_tasks: CT factors in broadcast order (owner inverts, others r
     }
   }
 }
+
+TEST_CASE("broadcast_order and inverse_tasks refuse a plan that does not hold together", "[kfac][placement]") {
+  Placement p;
+  p.ranks = 2;
+  p.owner = {0, 1};
+  p.inverse_s = {1, 1};
+  p.broadcast_s = {1, 1};
+  REQUIRE_NOTHROW(kdist::kfac::broadcast_order(p));
+  Placement outside = p;
+  outside.owner[1] = 2;
+  CHECK_THROWS_MATCHES(kdist::kfac::broadcast_order(outside), InvalidArgument,
+                       Catch::Matchers::Predicate<InvalidArgument>([](const InvalidArgument& e) {
+                         return std::string(e.what()).find("owner[1] = 2 is outside [-1, 2)") != std::string::npos;
+                       }));
+  CHECK_THROWS_AS(kdist::kfac::inverse_tasks(outside, 0), InvalidArgument);
+  Placement short_costs = p;
+  short_costs.broadcast_s.pop_back();
+  CHECK_THROWS_WITH(kdist::kfac::broadcast_order(short_costs),
+                    Contains("2 owners, 2 inverse and 1 broadcast costs") && Contains("broadcast_order"));
+  CHECK_THROWS_WITH(kdist::kfac::inverse_tasks(p, 2), Contains("rank 2 is outside [0, 2)"));
+}
+
+TEST_CASE("with_owners: another assignment of the same plan, loads and makespan in the plan's model",
+          "[kfac][placement]") {
+  const Linear lin{1e-3, 1e-9, 1e-4, 1e-9};
+  const auto items = items_of({300, 200, 100, 50});
+  for (const PlacementKind kind : {PlacementKind::lbp, PlacementKind::channel}) {
+    const Placement p = place(items, lin.models(), 3, kind);
+    const std::vector<int> owner = {2, -1, 0, 0};
+    const Placement q = kdist::kfac::with_owners(p, owner);
+    std::vector<double> load;
+    const double want = kind == PlacementKind::channel ? kdist::kfac::channel_time(items, lin.models(), 3, owner, &load)
+                                                       : placement_time(items, lin.models(), 3, owner, &load);
+    CHECK(q.owner == owner);
+    CHECK(q.modelled_time == want);
+    CHECK(q.load == load);
+    CHECK(q.lower_bound == p.lower_bound);
+    CHECK_FALSE(q.exact);
+    CHECK_THROWS_WITH(kdist::kfac::with_owners(p, {0, 1, 3, 0}), Contains("owner[2] = 3 is outside [-1, 3)"));
+    CHECK_THROWS_WITH(kdist::kfac::with_owners(p, {0}), Contains("1 entries for 4 items"));
+  }
+}

@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,25 @@ Options resume_options() {
   o.inverse_every = 2;
   return o;
 }
+/// A cost-model file (one per rank) in which every inverse costs a second: under lbp at P > 1
+/// every factor is then CT, spread over the ranks, where the default models make them all NCT.
+std::string expensive_inverse_models() {
+  CostModelStore store;
+  store.set(CostKey{CostOp::spd_inverse, DType::float64, 1, "local"}, CostModel::linear(1.0, 0.0));
+  const std::string path = "test_kfac_state_models." + std::to_string(world_rank()) + ".json";
+  store.save(path);
+  return path;
+}
+/// Factor f of `kfac` as a dense symmetric matrix (its upper triangle mirrored).
+template <class P>
+Mat dense_factor(const P& kfac, int f) {
+  const auto h = kdist_test::to_host(kfac.factor(f));
+  const int d = static_cast<int>(h.extent(0));
+  Mat m = zeros(d, d);
+  for (int i = 0; i < d; ++i)
+    for (int j = i; j < d; ++j) m[i][j] = m[j][i] = h(i, j);
+  return m;
+}
 /// Every step's updates, one after the other.
 std::vector<double> flatten(const std::vector<std::vector<double>>& steps) {
   std::vector<double> all;
@@ -33,38 +53,53 @@ std::vector<double> flatten(const std::vector<std::vector<double>>& steps) {
 }
 }  // namespace
 
-TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
+namespace {
+/// 3 steps under `saved_with`, saved to `path`, then a new preconditioner under `resumed_with`
+/// loads it: the next 3 updates must equal the uninterrupted run's bit for bit. `inspect(resumed,
+/// its placement before the load, the saving run)` runs between the load and those steps.
+template <class Inspect>
+void check_bit_identical_resume(const Options& saved_with, const Options& resumed_with, const std::string& path,
+                                const Inspect& inspect) {
   const auto layers = network();
-  const Options o = resume_options();
-  const std::string path = "test_kfac_state.bin";
   comm::Engine straight_engine{comm::Communicator(MPI_COMM_WORLD)};
-  Preconditioner<double, TestMem> straight(straight_engine, layers, o);
+  Preconditioner<double, TestMem> straight(straight_engine, layers, saved_with);
   train(straight, layers, 0, 3);
   straight.save(path);
   const auto want = train(straight, layers, 3, 3);
   comm::Engine resumed_engine{comm::Communicator(MPI_COMM_WORLD)};
-  Preconditioner<double, TestMem> resumed(resumed_engine, layers, o);
+  Preconditioner<double, TestMem> resumed(resumed_engine, layers, resumed_with);
+  const Placement own = resumed.placement();
   resumed.load(path);
-  CHECK(resumed.steps() == 3);
+  inspect(resumed, own, straight);
   CHECK(train(resumed, layers, 3, 3) == want);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(path.c_str());
+}
+}  // namespace
+
+TEST_CASE("kfac: a resumed run makes bit-identical updates", "[kfac]") {
+  check_bit_identical_resume(resume_options(), resume_options(), "test_kfac_state.bin",
+                             [](const auto& resumed, const Placement&, const auto&) { CHECK(resumed.steps() == 3); });
 }
 
 TEST_CASE("kfac: a state resumed under another strategy keeps this run's placement and plan", "[kfac]") {
   const auto layers = network();
   Options spd = resume_options(), dkfac = resume_options();
+  spd.cost_models = expensive_inverse_models();  // CT factors in the saved plan at P > 1
   dkfac.strategy = Strategy::dkfac;
   const std::string path = "test_kfac_state_strategy.bin";
+  std::vector<int> saved_owners;
   {
     comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
     Preconditioner<double, TestMem> saved(engine, layers, spd);
+    saved_owners = saved.placement().owner;
     train(saved, layers, 0, 3);
     saved.save(path);
   }
   comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
   Preconditioner<double, TestMem> resumed(engine, layers, dkfac);
   const auto placement = resumed.placement().owner;
+  CHECK((world_size() == 1 || saved_owners != placement));  // so that the next check can fail
   resumed.load(path);
   CHECK(resumed.placement().owner == placement);  // replicated: every factor inverted everywhere
   CHECK_THAT(resumed.describe(), Catch::Contains("saved with pipelined yes, planner optimal, placement lbp (this run: "
@@ -73,6 +108,69 @@ TEST_CASE("kfac: a state resumed under another strategy keeps this run's placeme
   const auto got = flatten(train(resumed, layers, 3, 3));
   CHECK(max_relative(got, std::vector<double>(dense.end() - static_cast<std::ptrdiff_t>(got.size()), dense.end())) <
         1e-6);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
+}
+
+// Saved with CT factors (inverses costed high), resumed at the same count and strategy with the
+// default models (which would make every factor NCT): the saved owners, their packed broadcast
+// buffers and the broadcasts after the resume, bit for bit; the plan's loads are the adopted ones.
+TEST_CASE("kfac: a state with CT factors resumes them bit for bit", "[kfac]") {
+  Options saved_with = resume_options();
+  saved_with.cost_models = expensive_inverse_models();
+  check_bit_identical_resume(
+      saved_with, resume_options(), "test_kfac_state_ct.bin",
+      [](const auto& resumed, const Placement& own, const auto& straight) {
+        const Placement& adopted = resumed.placement();
+        CHECK(adopted.owner == straight.placement().owner);
+        if (world_size() > 1) {
+          CHECK(adopted.owner != own.owner);
+          CHECK(std::count(adopted.owner.begin(), adopted.owner.end(), -1) == 0);
+        }
+        std::vector<PlacementItem> items;  // this run's models, the adopted owners
+        for (int f = 0; f < resumed.factors(); ++f)
+          items.push_back({"f", static_cast<int>(resumed.factor(f).extent(0))});
+        std::vector<double> load;
+        const PlacementModels models = PlacementModels::from_store(CostModelStore{}, DType::float64, world_size());
+        CHECK(adopted.modelled_time == placement_time(items, models, world_size(), adopted.owner, &load));
+        CHECK(adopted.load == load);
+        CHECK(adopted.lower_bound == own.lower_bound);
+      });
+}
+
+// Damping is not in the factors, so a state resumed with another damping must not keep the
+// inverses made with the saved one: the next step makes them again, with this run's damping.
+TEST_CASE("kfac: a state resumed with another damping makes its inverses again", "[kfac]") {
+  const auto layers = network();
+  Options saved_with = resume_options(), resumed_with = resume_options();
+  resumed_with.damping = 10 * saved_with.damping;
+  const std::string path = "test_kfac_state_damping.bin";
+  {
+    comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> saved(engine, layers, saved_with);
+    train(saved, layers, 0, 3);
+    saved.save(path);
+  }
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> resumed(engine, layers, resumed_with);
+  resumed.load(path);
+  CHECK_THAT(resumed.restored(), Catch::Contains("damping 0.05 (this run: 0.5)") &&
+                                     Catch::Contains("its inverses made again at the next step"));
+  train(resumed, layers, 3, 1);  // step 3: not an inverse step (every 2), yet inverses are made
+  for (int f = 0; f < resumed.factors(); ++f) {
+    Mat damped = dense_factor(resumed, f);
+    for (std::size_t i = 0; i < damped.size(); ++i) damped[i][i] += resumed_with.damping;
+    const Mat want = inverse(damped);
+    const auto got = kdist_test::to_host(resumed.inverse(f));
+    std::vector<double> g, w;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      for (std::size_t j = 0; j < want.size(); ++j) {
+        g.push_back(got(i, j));
+        w.push_back(want[i][j]);
+      }
+    INFO("factor " << f);
+    CHECK(max_relative(g, w) < 1e-9);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(path.c_str());
 }
@@ -460,7 +558,15 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     };
     // The owner (every rank when G2 is NCT) raises NumericalError, the others RemoteError with it.
 
+    std::vector<Mat> factors_before;
+    for (int f = 0; f < kfac.factors(); ++f) factors_before.push_back(dense_factor(kfac, f));
     CHECK_THROWS_WITH(run(), Catch::Contains("G2") && Catch::Contains("not positive definite"));
+    // The failed step changed neither the running factors nor the counters.
+    for (int f = 0; f < kfac.factors(); ++f)
+      CHECK(dense_factor(kfac, f) == factors_before[static_cast<std::size_t>(f)]);
+    CHECK(kfac.steps() == 0);
+    CHECK(kfac.stats().factor_steps == 0);
+    CHECK(kfac.stats().inverse_steps == 0);
     MPI_Barrier(MPI_COMM_WORLD);
     if (world_rank() == 0) std::remove(path.c_str());
   }

@@ -141,22 +141,34 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
   require(order_.check_step());
   for (int l = 0; l < layers(); ++l) require(check_gradient(l, gradients[static_cast<std::size_t>(l)]));
   const bool factor_step = step_ % options_.factor_every == 0;
-  if (factor_step) {
-    reduce_factors(exec);
-    for (FactorSlot& slot : factor_slots_) std::swap(slot.running, slot.pending);
-    ++factor_steps_;
-    ++stats_.factor_steps;
+  const bool inverse_step = step_ % options_.inverse_every == 0 || !have_inverses_;
+  if (factor_step) reduce_factors(exec);
+  if (factor_step) swap_running_and_pending();
+  try {
+    if (inverse_step) update_inverses(exec);
+    precondition(exec, gradients);
+  } catch (...) {  // the last completed step's factors; inverses half made are made again next time
+    if (factor_step) swap_running_and_pending();
+    if (inverse_step) have_inverses_ = false;
+    throw;
   }
-  if (step_ % options_.inverse_every == 0 || !have_inverses_) {
-    update_inverses(exec);
+  if (inverse_step) {
     have_inverses_ = true;
     ++stats_.inverse_steps;
   }
-  precondition(exec, gradients);
-  if (factor_step) maybe_replan();
+  if (factor_step) {
+    ++factor_steps_;
+    ++stats_.factor_steps;
+    maybe_replan();
+  }
   ++step_;
   ++stats_.steps;
   order_.start_step();
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::swap_running_and_pending() {
+  for (FactorSlot& slot : factor_slots_) std::swap(slot.running, slot.pending);
 }
 
 template <class T, class M>

@@ -39,6 +39,7 @@ void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) 
   counters.fusion_groups = fused_->plan().group_end;
   counters.options = impl::saved_options(options_);
   counters.switches = impl::switches_text(switches_);
+  counters.inverse_method = to_string(options_.inverse_method);
   impl::write_state_fields(out, prefix, state_shape(), counters);
   for (int f = 0; f < factors(); ++f)
     for (const bool inverse : {false, true}) {
@@ -73,10 +74,13 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   const impl::StateCounters& c = r.counters;
   step_ = c.step;
   factor_steps_ = c.factor_steps;
-  have_inverses_ = c.have_inverses;
-  const std::string changed = impl::option_differences(c, options_);  // this run's options apply
+  // This run's options apply: inverses made with another damping or method are made again at the
+  // next step, as they would have been on a step divisible by inverse_every.
+  have_inverses_ = c.have_inverses && !impl::inverses_differ(c, options_);
+  const std::string changed = impl::option_differences(c, options_);
   const std::string at = r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) +
-                         " rank(s)" + (changed.empty() ? "" : "; saved with " + changed) + ")";
+                         " rank(s)" + (changed.empty() ? "" : "; saved with " + changed) + ")" +
+                         (c.have_inverses && !have_inverses_ ? ", its inverses made again at the next step" : "");
   if (c.ranks != engine_.size()) {
     replan_after_ = c.replan_after < 0 ? factor_steps_ : c.replan_after;
     restored_ = "restored from " + at + ": placement, preconditioning split and fusion plan made for " +
@@ -93,7 +97,7 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   replan_after_ = c.replan_after;
   fused_->set_plan(comm::FusionPlan{c.fusion_groups});
   if (c.owners != placement_.owner) {
-    placement_.owner = c.owners;
+    placement_ = with_owners(placement_, c.owners);
     for (int f = 0; f < factors(); ++f) {  // a CT factor needs its packed broadcast buffer
       FactorSlot& slot = factor_slot(f);
       slot.packed = c.owners[static_cast<std::size_t>(f)] < 0

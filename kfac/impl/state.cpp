@@ -55,7 +55,16 @@ std::string option_differences(const StateCounters& saved, const Options& runnin
         os << (text.empty() ? "" : ", ") << name << " " << then << " (this run: " << now << ")";
         text += os.str();
       }
+  const std::string method = to_string(running.inverse_method);
+  if (!saved.inverse_method.empty() && saved.inverse_method != method)
+    text += (text.empty() ? "" : ", ") + ("inverse method " + saved.inverse_method) + " (this run: " + method + ")";
   return text;
+}
+
+bool inverses_differ(const StateCounters& saved, const Options& running) {
+  for (const auto& [name, then] : saved.options)
+    if (name == "damping" && then != running.damping) return true;
+  return !saved.inverse_method.empty() && saved.inverse_method != to_string(running.inverse_method);
 }
 
 void write_state_fields(StateWriter& out, const std::string& p, const StateShape& shape, const StateCounters& c) {
@@ -71,6 +80,7 @@ void write_state_fields(StateWriter& out, const std::string& p, const StateShape
   out.set(p + "fusion_groups", widen(c.fusion_groups));
   for (const auto& [name, value] : c.options) out.set(p + "options." + name, value);
   out.set(p + "switches", c.switches);
+  out.set(p + "options.inverse_method", c.inverse_method);
 }
 
 StateCounters read_state_fields(const StateReader& in, const std::string& p, const StateShape& shape) {
@@ -91,6 +101,7 @@ StateCounters read_state_fields(const StateReader& in, const std::string& p, con
   for (const auto& [name, ignored] : saved_options(Options{}))
     c.options.push_back({name, in.real(p + "options." + name)});
   if (in.has(p + "switches")) c.switches = in.text(p + "switches");
+  if (in.has(p + "options.inverse_method")) c.inverse_method = in.text(p + "options.inverse_method");
   if (c.ranks != shape.ranks) return c;  // another rank count: this run keeps its own plans
   const int factors = static_cast<int>(shape.dims.size());
   c.owners = ints_in(in, p + "owners", -1, shape.ranks - 1);

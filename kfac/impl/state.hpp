@@ -40,6 +40,8 @@ struct StateCounters {
   std::vector<std::pair<std::string, double>> options;
   /// Its strategy's switches (switches_text); "" in a state from before they were saved.
   std::string switches;
+  /// Its inverse method ("cholesky", "eigen"); "" in a state from before it was saved.
+  std::string inverse_method;
 };
 
 /// "pipelined yes, planner optimal, placement lbp": what decides the plans a state keeps.
@@ -49,6 +51,8 @@ std::string switches_text(const Resolved& r);
 std::vector<std::pair<std::string, double>> saved_options(const Options& o);
 /// "damping 0.3 (this run: 0.2), ..." for each saved option that differs from `running`, or "".
 std::string option_differences(const StateCounters& saved, const Options& running);
+/// The saved inverses were made with another damping or inverse method than `running` uses.
+bool inverses_differ(const StateCounters& saved, const Options& running);
 
 void write_state_fields(StateWriter& out, const std::string& prefix, const StateShape& shape,
                         const StateCounters& counters);
