@@ -375,6 +375,16 @@ inline double max_relative(const std::vector<double>& got, const std::vector<dou
   return err / scale;
 }
 
+/// A cost-model file (one per rank) in which every inverse costs a second: under lbp at P > 1
+/// every factor is then CT, spread over the ranks, where the default models make them all NCT.
+inline std::string expensive_inverse_models() {
+  CostModelStore store;
+  store.set(CostKey{CostOp::spd_inverse, DType::float64, 1, "local"}, CostModel::linear(1.0, 0.0));
+  const std::string path = "kfac_test_models." + std::to_string(world_rank()) + ".json";
+  store.save(path);
+  return path;
+}
+
 inline Options base_options() {
   Options o;
   o.damping = 0.05;

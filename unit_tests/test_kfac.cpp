@@ -3,6 +3,7 @@
 // gradients; every strategy, placement and fusion planner too. Also the Kronecker-factored
 // Fisher block at vanishing damping. The state file and bad input: test_kfac_state.cpp.
 #include <mpi.h>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -46,6 +47,17 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     o.placement = PlacementKind::channel;
     variants.push_back({"channel placement", o});
   }
+  // Inverses costed high: every factor CT at P > 1 (the default models make them all NCT here).
+  for (PlacementKind kind : {PlacementKind::lbp, PlacementKind::channel, PlacementKind::optimal}) {
+    Options o = base_options();
+    o.placement = kind;
+    o.cost_models = expensive_inverse_models();
+    o.inverse_every = 2;
+    variants.push_back({kind == PlacementKind::lbp       ? "CT, lbp"
+                        : kind == PlacementKind::channel ? "CT, channel"
+                                                         : "CT, optimal",
+                        o});
+  }
   {
     Options o = base_options();
     o.placement = PlacementKind::optimal;
@@ -59,6 +71,8 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     INFO(v.name << " on " << world_size() << " ranks");
     comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, v.options);
+    const auto& owner = kfac.placement().owner;
+    if (!v.options.cost_models.empty() && world_size() > 1) CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
     const auto got = train(kfac, layers, 0, steps);
     std::vector<std::vector<double>> want_factors;
     const auto want = reference(layers, v.options, steps, &want_factors);

@@ -26,15 +26,6 @@ Options resume_options() {
   o.inverse_every = 2;
   return o;
 }
-/// A cost-model file (one per rank) in which every inverse costs a second: under lbp at P > 1
-/// every factor is then CT, spread over the ranks, where the default models make them all NCT.
-std::string expensive_inverse_models() {
-  CostModelStore store;
-  store.set(CostKey{CostOp::spd_inverse, DType::float64, 1, "local"}, CostModel::linear(1.0, 0.0));
-  const std::string path = "test_kfac_state_models." + std::to_string(world_rank()) + ".json";
-  store.save(path);
-  return path;
-}
 /// Factor f of `kfac` as a dense symmetric matrix (its upper triangle mirrored).
 template <class P>
 Mat dense_factor(const P& kfac, int f) {
