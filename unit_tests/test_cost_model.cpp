@@ -143,7 +143,8 @@ TEST_CASE("calibrate_collective runs every collective through the engine", "[com
                       Catch::Contains("in_flight 0"));
 }
 
-// [leaks-comm]: the failed Engine is destroyed with its check pending (README "Sanitizer run").
+// [leaks-comm]: the failed Engine may be destroyed with a collective still posted (README
+// "Sanitizer run").
 TEST_CASE("calibrate_collective: ranks that disagree on in_flight get an error on every rank",
           "[comm][cost][mpi][leaks-comm]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
