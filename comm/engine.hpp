@@ -194,7 +194,8 @@ class Engine {
   /// True when `rank` shares this rank's shared-memory node (MPI_Comm_split_type at construction).
   bool shares_node(int rank) const noexcept;
 
-  /// In place: v := the reduction of v over all ranks.
+  /// In place: v := the reduction of v over all ranks. average needs a floating-point element type
+  /// (InvalidArgument otherwise, as for reduce_scatter).
   template <class Exec, class V>
   Request allreduce(const Exec& exec, const V& v, ReduceOp op = ReduceOp::sum, std::string label = "allreduce",
                     Layout layout = {});
@@ -268,6 +269,8 @@ class Engine {
   static void check_view(const char* func, const V& v);
   template <class VWhole, class VBlock>
   void check_blocks(const char* func, const VWhole& whole, const VBlock& block, const char* whole_role) const;
+  template <class T>
+  void check_op(const char* func, ReduceOp op, long long count, const std::string& label) const;
   Request enqueue(OpDescription what, Schedule schedule, CheckPayload payload = {});
   Communicator split_group(bool node, int node_size);
 
@@ -296,6 +299,17 @@ void Engine::check_blocks(const char* func, const VWhole& whole, const VBlock& b
     kdist::impl::throw_invalid(func, std::string(whole_role) + " '" + whole.label() + "' has " +
                                          std::to_string(whole.extent(0)) + " elements, expected " + std::to_string(n) +
                                          " x " + std::to_string(size) + " ranks (rank " + std::to_string(rank_) + ")");
+}
+
+// An integer average would scale by T(1) / T(ranks), which is 0 beyond one rank: every element
+// would silently become 0. Rejected on every rank alike (the element type and op are the caller's).
+template <class T>
+void Engine::check_op(const char* func, ReduceOp op, long long count, const std::string& label) const {
+  if (op == ReduceOp::average && !std::is_floating_point<T>::value)
+    kdist::impl::throw_invalid(func, std::string("average of ") + to_string(dtype_of<T>()) + " (" +
+                                         std::to_string(count) + " elements, label '" + label + "', rank " +
+                                         std::to_string(rank_) +
+                                         ") is not supported: integers cannot hold 1/ranks; sum, then divide");
 }
 
 namespace impl {
@@ -362,6 +376,7 @@ template <class Exec, class V>
 Request Engine::allreduce(const Exec& exec, const V& v, ReduceOp op, std::string label, Layout layout) {
   check_view("kdist::comm::Engine::allreduce", v);
   using T = typename V::non_const_value_type;
+  check_op<T>("kdist::comm::Engine::allreduce", op, static_cast<long long>(v.extent(0)), label);
   auto w = impl::stage_in(exec, v);
   const int size = size_;
   Schedule s(label);
@@ -404,6 +419,7 @@ template <class Exec, class VIn, class VOut>
 Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out, ReduceOp op, std::string label) {
   check_blocks("kdist::comm::Engine::reduce_scatter", in, out, "input");
   using T = typename VOut::non_const_value_type;
+  check_op<T>("kdist::comm::Engine::reduce_scatter", op, static_cast<long long>(out.extent(0)), label);
   const int size = size_;
   auto win = impl::stage_in(exec, in);
   auto wout = impl::stage_out(out);

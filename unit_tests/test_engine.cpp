@@ -481,6 +481,28 @@ TEST_CASE("block collectives reject wrongly sized views before any MPI call", "[
   CHECK(eng.stats().operations == 0);
 }
 
+TEST_CASE("average of integers is rejected before any MPI call, not rounded to 0", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size();
+  auto ints = vector_of<int>("counts", 5, [](long long) { return 6; });
+  REQUIRE_THROWS_WITH(eng.allreduce(TestExec(), ints, ReduceOp::average, "counts"),
+                      Catch::Contains("Engine::allreduce") && Catch::Contains("average of int32") &&
+                          Catch::Contains("5 elements") && Catch::Contains("'counts'") &&
+                          Catch::Contains("rank " + std::to_string(world.rank())));
+  TestVector<std::int64_t> whole("steps", 2 * P), block("step", 2);
+  REQUIRE_THROWS_WITH(
+      eng.reduce_scatter(TestExec(), whole, block, ReduceOp::average, "steps"),
+      Catch::Contains("Engine::reduce_scatter") && Catch::Contains("average of int64") && Catch::Contains("'steps'"));
+  CHECK(eng.stats().operations == 0);
+  // Integer sums and floating-point averages still work on the same Engine.
+  eng.allreduce(TestExec(), ints, ReduceOp::sum, "counts").wait();
+  CHECK(to_host(ints)(4) == 6 * P);
+  auto avg = vector_of<double>("avg", 3, [](long long) { return 6.0; });
+  eng.allreduce(TestExec(), avg, ReduceOp::average, "avg").wait();
+  CHECK(to_host(avg)(2) == 6.0);
+}
+
 TEST_CASE("Communicator requires an initialised MPI of sufficient thread level", "[comm]") {
   REQUIRE_NOTHROW(kdist::comm::require_thread_level(MPI_THREAD_FUNNELED, "test"));
   int provided = 0;
