@@ -70,12 +70,11 @@ class FusedAllreducer {
   void replan(const CostFunction& cost, const PlannerOptions& options) {
     set_plan(decide_plan_on_root(engine_, measured(), cost, options));
   }
-  /// Installs a plan every rank agrees on (a disagreement is caught by the layout check).
+  /// Installs a plan every rank agrees on (a disagreement is caught by the layout check). The group
+  /// ends must increase strictly within [1, N] and end at N (N tensors): every tensor in exactly one
+  /// non-empty group. InvalidArgument otherwise, naming the plan; the previous plan stays.
   void set_plan(FusionPlan plan) {
-    if (plan.group_end.empty() ? !tensors_.empty() : plan.group_end.back() != static_cast<int>(tensors_.size()))
-      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer",
-                                 "plan covers " + std::to_string(plan.group_end.empty() ? 0 : plan.group_end.back()) +
-                                     " tensors, there are " + std::to_string(tensors_.size()));
+    check_plan(plan);
     plan_ = std::move(plan);
     groups_.assign(static_cast<std::size_t>(plan_.groups()), Group{});
     int begin = 0;
@@ -179,6 +178,30 @@ class FusedAllreducer {
     Group& g = group(i);
     const std::size_t off = g.layout.bounds[static_cast<std::size_t>(i - g.begin)];
     return Kokkos::subview(g.buffer, std::make_pair(off, off + tensors_[static_cast<std::size_t>(i)].elements()));
+  }
+  // A plan is rejected before anything is built from it: an end of 0 or a repeated end would make
+  // an empty group (tensors_[begin - 1] read for its label), a decreasing end would leave tensors
+  // in no group (never reduced), and only the last end was checked against N.
+  void check_plan(const FusionPlan& plan) const {
+    const int n = static_cast<int>(tensors_.size());
+    std::string problem;
+    int prev = 0;
+    for (std::size_t g = 0; g < plan.group_end.size() && problem.empty(); ++g) {
+      const int end = plan.group_end[g];
+      if (end <= prev || end > n)
+        problem = "group " + std::to_string(g) + " ends at " + std::to_string(end) + ", expected an end in [" +
+                  std::to_string(prev + 1) + ", " + std::to_string(n) + "]";
+      prev = end;
+    }
+    if (problem.empty() && prev != n)
+      problem = "its groups cover " + std::to_string(prev) + " of " + std::to_string(n) + " tensors";
+    if (problem.empty()) return;
+    std::string ends;
+    for (int e : plan.group_end) ends += (ends.empty() ? "" : ",") + std::to_string(e);
+    kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::set_plan",
+                               "plan {" + ends + "} for " + std::to_string(n) + " tensors (rank " +
+                                   std::to_string(engine_.rank()) + "): " + problem +
+                                   "; group ends must increase strictly and the last must be " + std::to_string(n));
   }
   [[noreturn]] void fail_here(const kdist::InvalidArgument& e) {
     engine_.fail(e);

@@ -163,3 +163,38 @@ TEST_CASE("FusedAllreducer rejects out-of-order and mis-sized tensors", "[comm][
   REQUIRE_THROWS_WITH(fused.ready(TestExec(), 0, a),
                       Catch::Contains("size 3") && Catch::Contains("registered as size 4"));
 }
+
+TEST_CASE("FusedAllreducer::set_plan rejects plans that do not cover each tensor once", "[comm][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  using FA = FusedAllreducer<double, TestMem>;
+  FA fused(eng, {{"a", 4, false}, {"b", 5, false}, {"c", 2, false}});
+  const std::string me = "rank " + std::to_string(world.rank());
+  // An empty first group (its label would read tensors_[-1]), an end out of order (tensor 2 in
+  // no group, never reduced), a repeated end, an end past N, and a plan that stops short.
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{{0, 3}}),
+                      Catch::Contains("FusedAllreducer::set_plan") && Catch::Contains("plan {0,3} for 3 tensors") &&
+                          Catch::Contains("group 0 ends at 0") && Catch::Contains(me));
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{{2, 1, 3}}),
+                      Catch::Contains("plan {2,1,3}") && Catch::Contains("group 1 ends at 1"));
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{{1, 1, 3}}), Catch::Contains("group 1 ends at 1"));
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{{2, 4}}), Catch::Contains("group 1 ends at 4"));
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{{1, 2}}), Catch::Contains("cover 2 of 3"));
+  REQUIRE_THROWS_WITH(fused.set_plan(FusionPlan{}), Catch::Contains("cover 0 of 3"));
+  // The rejected plans left the previous one in place; a valid plan still reduces every tensor.
+  CHECK(fused.plan().group_end == std::vector<int>{1, 2, 3});
+  fused.set_plan(FusionPlan{{2, 3}});
+  FA::Vector a("a", 4), b("b", 5), c("c", 2);
+  Kokkos::deep_copy(a, 1.0);
+  Kokkos::deep_copy(b, 2.0);
+  Kokkos::deep_copy(c, 3.0);
+  fused.begin();
+  fused.ready(TestExec(), 0, a);
+  fused.ready(TestExec(), 1, b);
+  fused.ready(TestExec(), 2, c);
+  fused.wait(TestExec());
+  TestExec().fence();
+  CHECK(to_host(a)(3) == 1.0);
+  CHECK(to_host(b)(4) == 2.0);
+  CHECK(to_host(c)(1) == 3.0);
+}
