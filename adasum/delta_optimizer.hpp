@@ -8,6 +8,11 @@
 // (the update needs it) but never fences more than that instance. At one rank this is exactly the
 // local step. Learning rate: start from the single-worker rate; Adasum does not grow the
 // effective batch the way a gradient sum does.
+//
+// Errors: when the local step or the all-reduce throws (e.g. NonFiniteError, which every rank
+// raises alike, or a peer's RemoteError), step() puts every parameter back to its value before the
+// step, then rethrows: no rank keeps its own local step, so the ranks stay identical and the caller
+// may skip the batch and go on (or stop). The restore is complete when the exception arrives.
 #pragma once
 
 #include <kdist/adasum/allreduce.hpp>
@@ -83,19 +88,29 @@ class DeltaOptimizer {
 
   /// One distributed step (collective). `local_step` is the user's optimizer update of the
   /// parameters from `grads` (on `exec`); `max_grad_norm` > 0 clips the gradients before it.
+  /// Throws what the local step or the all-reduce threw, with every parameter restored to its
+  /// value before the call (the user optimizer's own state, e.g. momentum, is not restored).
   void step(const execution_space& exec, const std::vector<Param>& grads, const std::function<void()>& local_step,
             double max_grad_norm = 0) {
     if (max_grad_norm > 0) clip_grad_norm(exec, grads, max_grad_norm);
     for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, piece(start_, k), params_[k]);
-    local_step();
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto p = params_[k];
-      auto s = piece(start_, k), d = piece(delta_, k);
-      Kokkos::parallel_for(
-          "kdist::adasum::delta", Kokkos::RangePolicy<execution_space>(exec, 0, p.extent(0)),
-          KOKKOS_LAMBDA(const std::size_t i) { d(i) = p(i) - s(i); });
+    try {
+      local_step();
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        auto p = params_[k];
+        auto s = piece(start_, k), d = piece(delta_, k);
+        Kokkos::parallel_for(
+            "kdist::adasum::delta", Kokkos::RangePolicy<execution_space>(exec, 0, p.extent(0)),
+            KOKKOS_LAMBDA(const std::size_t i) { d(i) = p(i) - s(i); });
+      }
+      allreduce(exec, engine_, delta_, bounds_, labels_, topology_).wait();
+    } catch (...) {
+      // Each rank holds its own local step here; left in place, the ranks would diverge (and a
+      // non-finite rank would keep its NaNs). Back to the snapshot, which every rank shares.
+      for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, params_[k], piece(start_, k));
+      compat::fence(exec, "kdist::adasum::DeltaOptimizer: parameters restored before rethrow");
+      throw;
     }
-    allreduce(exec, engine_, delta_, bounds_, labels_, topology_).wait();
     for (std::size_t k = 0; k < params_.size(); ++k) {
       auto p = params_[k];
       auto s = piece(start_, k), d = piece(delta_, k);

@@ -5,6 +5,7 @@
 #include <kdist/adasum/delta_optimizer.hpp>
 #include <kdist/adasum/gradient_reduction.hpp>
 
+#include <limits>
 #include <random>
 
 #include "adasum_reference.hpp"
@@ -109,6 +110,27 @@ TEST_CASE("delta optimizer clips the gradients before the local step", "[adasum]
   CHECK(p(0) == Approx(0.4));
   CHECK(p(1) == Approx(0.2));
   CHECK(p(2) == 1.0);
+}
+
+TEST_CASE("delta optimizer: a failed all-reduce leaves every rank's parameters as before the step",
+          "[adasum][optimizer]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const Vec w0{1.0, 0.5, -2.0}, b0{0.25};
+  std::vector<Param> ps{param("w", w0), param("b", b0)};
+  // Every rank steps differently; the last rank's gradient is NaN, so the all-reduce raises
+  // NonFiniteError everywhere. Without the restore each rank kept its own local step (and the
+  // last its NaNs): the ranks diverged.
+  std::vector<Param> gs{param("gw", Vec(3, me + 1.0)),
+                        param("gb", Vec{me == P - 1 ? std::numeric_limits<double>::quiet_NaN() : 1.0})};
+  adasum::DeltaOptimizer<double, TestMem> opt(eng, ps);
+  REQUIRE_THROWS_AS(opt.step(TestExec(), gs, [&] { sgd(TestExec(), ps, gs, 0.1); }), kdist::NonFiniteError);
+  CHECK(concat(ps) == Vec{1.0, 0.5, -2.0, 0.25});
+  // The optimizer goes on with the next batch from the shared parameters.
+  std::vector<Param> ok{param("gw", Vec(3, 1.0)), param("gb", Vec{1.0})};
+  opt.step(TestExec(), ok, [&] { sgd(TestExec(), ps, ok, 0.5); });
+  CHECK(kdist_test::rel_l2(concat(ps), Vec{0.5, 0.0, -2.5, -0.25}) < 1e-14);
 }
 
 TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllreducer", "[adasum][fusion]") {
