@@ -173,6 +173,18 @@ void run_overlap_work(EngineCore& c, Operation& op, Schedule::Step& s) {
   }
 }
 
+// Posts the step; false (the Engine failed everywhere, op with it) when posting threw.
+bool post_or_fail(EngineCore& c, Operation& op, Schedule::Step& s) {
+  try {
+    impl::post_step(c, op, s);
+    return true;
+  } catch (const std::exception& e) {
+    c.fail_everywhere(std::current_exception(), std::string("error posting ") + op.describe() + " on rank " +
+                                                    std::to_string(c.rank) + ": " + e.what());
+  }
+  return false;
+}
+
 void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (op.finished()) return;
   if (op.state == State::checking) {
@@ -187,7 +199,10 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
-      impl::post_step(c, op, s);
+      // A step posted in part (or not at all) leaves its peers waiting for the rest: an error here
+      // fails the Engine everywhere, like any other failure, instead of escaping from whichever
+      // call happened to progress it with the operation still in flight.
+      if (!post_or_fail(c, op, s)) return;
       run_overlap_work(c, op, s);
     }
     int done = 1;
@@ -381,6 +396,22 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
                                        "' runs a collective on a group that is not from this "
                                        "Engine (make groups with Engine::node_group / cross_node_group)");
   }
+  // A peer outside the Engine would reach MPI only when the step is posted, inside some later
+  // call. Rejected here, before anything is posted; the Engine fails everywhere, since the rank
+  // this one meant to talk to (or, for a composite, every rank in its check) would wait for ever.
+  for (std::size_t k = 0; k < schedule.steps().size(); ++k)
+    for (const auto& t : schedule.steps()[k].transfers)
+      if (t.peer < 0 || t.peer >= c.size) {
+        const bool p2p = what.kind == OpKind::send || what.kind == OpKind::recv;
+        const std::string func = std::string("kdist::comm::Engine::") + (p2p ? to_string(what.kind) : "submit");
+        kdist::InvalidArgument e(func + ": " + to_string(what.kind) + " '" + what.label + "' (" +
+                                 std::to_string(t.buffer.count) + " elements of " + to_string(t.buffer.dtype) +
+                                 (p2p ? "" : ", step " + std::to_string(k + 1)) + ", rank " + std::to_string(c.rank) +
+                                 "): " + (t.is_send ? "destination " : "source ") + std::to_string(t.peer) +
+                                 " is not a rank of " + std::to_string(c.size));
+        c.fail_everywhere(std::make_exception_ptr(e), e.what());
+        throw e;
+      }
   if (payload.bytes && (!c.options.check_consistency || c.size < 2 || (c.size & (c.size - 1)) != 0))
     kdist::impl::throw_invalid("kdist::comm::Engine::submit",
                                "'" + what.label +

@@ -12,6 +12,8 @@
 // - Every collective is checked across ranks before its payload moves (a composite may send its
 //   first bytes inside the check, CheckPayload, read only once the ranks agree); a rank that fails,
 //   finishes early or stalls is reported on every rank (README "Errors": what, and its cost).
+// - An error while posting a step (e.g. a count one MPI call cannot carry) fails the Engine on
+//   every rank, like an error in a step's local work.
 // - One thread at a time per Engine; a second concurrent caller gets InvalidArgument.
 #pragma once
 
@@ -213,7 +215,9 @@ class Engine {
   /// out (n * size) := every rank's in (n), in rank order.
   template <class Exec, class VIn, class VOut>
   Request allgather(const Exec& exec, const VIn& in, const VOut& out, std::string label = "allgather");
-  /// Point-to-point (not checked: only two ranks take part); tags below Schedule::kMaxTag.
+  /// Point-to-point (not checked: only two ranks take part); tags below Schedule::kMaxTag. A peer
+  /// outside [0, size) (here or in a composite's transfers) is an InvalidArgument raised before
+  /// anything is posted; it fails the Engine, so the other ranks raise RemoteError, not hang.
   template <class Exec, class V>
   Request send(const Exec& exec, const V& v, int dest, int tag, std::string label = "send");
   template <class Exec, class V>

@@ -503,6 +503,65 @@ TEST_CASE("average of integers is rejected before any MPI call, not rounded to 0
   CHECK(to_host(avg)(2) == 6.0);
 }
 
+TEST_CASE("send/recv with a peer outside the Engine: InvalidArgument there, RemoteError on the others",
+          "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  for (const bool send : {true, false}) {
+    INFO((send ? "send" : "recv"));
+    Engine eng(world);
+    auto v = vector_of<double>("grads", 3, [](long long i) { return i; });
+    const int bad = send ? P : -1;
+    if (me == 0) {
+      // Rejected before anything is posted (it used to surface as a BackendError from a later
+      // call, with the Engine still healthy and the peers left waiting).
+      const std::string func = send ? "Engine::send" : "Engine::recv";
+      const std::string what = std::string(send ? "destination " : "source ") + std::to_string(bad);
+      REQUIRE_THROWS_WITH(
+          send ? eng.send(TestExec(), v, bad, 3, "to-nowhere") : eng.recv(TestExec(), v, bad, 3, "from-nowhere"),
+          Catch::Contains(func) && Catch::Contains(send ? "'to-nowhere'" : "'from-nowhere'") &&
+              Catch::Contains("3 elements of float64") && Catch::Contains("rank 0") &&
+              Catch::Contains(what + " is not a rank of " + std::to_string(P)));
+      CHECK_THROWS_AS(eng.allreduce(TestExec(), v).wait(), kdist::InvalidArgument);
+    } else {
+      CHECK_THROWS_AS(eng.allreduce(TestExec(), v).wait(), kdist::comm::RemoteError);
+    }
+    CHECK(!eng.healthy());
+  }
+}
+
+TEST_CASE("an error while posting a step fails the Engine on every rank, no stale error, no hang",
+          "[comm][engine][composite]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  // Rank 0's step is too large for one MPI call: as_count throws while the step is posted, after
+  // the signature check agreed. The pointer is never read. Before the fix the exception escaped
+  // the progress loop with the operation still in flight, and the peers hung in their receive.
+  char x = 0;
+  std::vector<char> in(4);
+  const std::size_t huge = std::size_t(1) << 31;
+  kdist::comm::Schedule s("too-large");
+  if (me == 0)
+    s.step().send((me + 1) % P, kdist::comm::Buffer::host(&x, huge), 1);
+  else
+    s.step().recv(me - 1, kdist::comm::Buffer::host(in.data(), in.size()), 1);
+  auto what = kdist::comm::OpDescription::composite(kdist::DType::bytes, 4, "too-large");
+  if (me == 0) {
+    REQUIRE_THROWS_WITH(eng.submit(std::move(s), what).wait(),
+                        Catch::Contains("'too-large'") && Catch::Contains("2147483648 elements"));
+  } else {
+    CHECK_THROWS_AS(eng.submit(std::move(s), what).wait(), kdist::comm::RemoteError);
+  }
+  CHECK(!eng.healthy());
+  // Later calls rethrow the same failure; the destructor returns without waiting for the peers.
+  auto v = vector_of<double>("after", 2, [](long long) { return 1.0; });
+  if (me == 0)
+    CHECK_THROWS_AS(eng.allreduce(TestExec(), v).wait(), kdist::InvalidArgument);
+  else
+    CHECK_THROWS_AS(eng.allreduce(TestExec(), v).wait(), kdist::comm::RemoteError);
+}
+
 TEST_CASE("Communicator requires an initialised MPI of sufficient thread level", "[comm]") {
   REQUIRE_NOTHROW(kdist::comm::require_thread_level(MPI_THREAD_FUNNELED, "test"));
   int provided = 0;
