@@ -120,7 +120,7 @@ Communicator Communicator::node(int node_size) const {
 
 Communicator Communicator::cross_node(int node_size) const {
   int local_rank = 0, local_size = 0;
-  node_color(node_size, &local_rank, &local_size);
+  const int node_id = node_color(node_size, &local_rank, &local_size);
   int min_size = local_size, max_size = local_size;
   impl::check_mpi(MPI_Allreduce(&local_size, &min_size, 1, MPI_INT, MPI_MIN, *comm_), "MPI_Allreduce", rank_);
   impl::check_mpi(MPI_Allreduce(&local_size, &max_size, 1, MPI_INT, MPI_MAX, *comm_), "MPI_Allreduce", rank_);
@@ -129,7 +129,11 @@ Communicator Communicator::cross_node(int node_size) const {
                           std::to_string(min_size) + " to " + std::to_string(max_size) + " ranks; rank " +
                           std::to_string(rank_) + " is on a node of " + std::to_string(local_size) + ")");
   MPI_Comm c = MPI_COMM_NULL;
-  impl::check_mpi(MPI_Comm_split(*comm_, local_rank, rank_, &c), "MPI_Comm_split", rank_);
+  // Ordered by node id, not by rank: a node's ranks need not be in the same order as another's
+  // (nodes {0,3} and {1,2}), and keyed by rank the group of local position 0 would put node {0,3}
+  // first while that of position 1 put node {1,2} first. Every cross group must list the nodes in
+  // one order: hierarchical Adasum pairs slice l of node x with slice l of node y by cross rank.
+  impl::check_mpi(MPI_Comm_split(*comm_, local_rank, node_id, &c), "MPI_Comm_split", rank_);
   return Communicator(own(c), "cross-node", engine_id_);
 }
 

@@ -39,8 +39,10 @@ class Communicator {
   /// call it in the same order on every rank, like any MPI collective. For groups that Schedule
   /// steps use, ask the Engine (Engine::node_group), which runs the split inside its stream.
   Communicator node(int node_size = 0) const;
-  /// Ranks with the same position inside their node, one per node (the cross-node ring).
-  /// Throws if nodes have unequal sizes. Collective.
+  /// Ranks with the same position inside their node, one per node (the cross-node ring), in
+  /// the order of their nodes (a node: its lowest rank, or its block index when imposed), the same
+  /// order in every such group even when nodes interleave ranks. Throws if nodes have unequal sizes.
+  /// Collective.
   Communicator cross_node(int node_size = 0) const;
 
 #if KDIST_ENABLE_NCCL
