@@ -50,6 +50,11 @@ Topology::Topology(comm::Engine& engine, int node_size)
     : engine_id_(&engine), node_(engine.node_group(node_size)), cross_(engine.cross_node_group(node_size)) {
   for (int l = 0; l < node_.size(); ++l) node_peers_.push_back(node_.rank_in(engine.communicator(), l));
   for (int x = 0; x < cross_.size(); ++x) cross_peers_.push_back(cross_.rank_in(engine.communicator(), x));
+  // Decided once, by all ranks together: each rank alone sees only its own node, and partners on
+  // one machine that decided apart (one reading in place, the other sending) waited for ever.
+  int mine = 1;
+  for (int p : node_peers_) mine = mine && engine.shares_node(p);
+  nodes_share_memory_ = engine.allreduce_values<int>({mine}, comm::ReduceOp::min, "kdist::adasum::Topology")[0] == 1;
 }
 
 namespace impl {

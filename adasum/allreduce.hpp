@@ -60,7 +60,8 @@ struct AdasumCounters {
 class Topology {
  public:
   /// node_size > 0 imposes nodes of that many consecutive ranks (emulated nodes); 0 takes the
-  /// shared-memory nodes. Unequal node sizes throw kdist::InvalidArgument.
+  /// shared-memory nodes. Unequal node sizes throw kdist::InvalidArgument. Collective and checked
+  /// (the node splits and one all-reduce saying whether every node lies in one shared-memory node).
   explicit Topology(comm::Engine& engine, int node_size = 0);
   const comm::Engine* engine() const noexcept { return engine_id_; }
   const comm::Communicator& node() const noexcept { return node_; }
@@ -68,11 +69,17 @@ class Topology {
   /// Engine-communicator rank of node-local rank l / cross-node rank x.
   int node_peer(int l) const { return node_peers_[static_cast<std::size_t>(l)]; }
   int cross_peer(int x) const { return cross_peers_[static_cast<std::size_t>(x)]; }
+  /// True when every node, on every rank, lies inside one shared-memory node: only then may the
+  /// hierarchical all-reduce on a SharedBuffer run in place. The same on every rank, so two
+  /// partners on one machine never disagree on whether a level is read in place or sent by MPI
+  /// (an imposed node that straddles machines makes it false everywhere, not only on that node).
+  bool nodes_share_memory() const noexcept { return nodes_share_memory_; }
 
  private:
   const comm::Engine* engine_id_;
   comm::Communicator node_, cross_;
   std::vector<int> node_peers_, cross_peers_;
+  bool nodes_share_memory_ = false;
 };
 
 enum class Algorithm { automatic, vhdd, doubling };

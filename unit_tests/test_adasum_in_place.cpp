@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -131,6 +133,54 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
     mixed.in_place = me != P - 1;
     CHECK_THROWS_WITH(adasum::allreduce(eng, buf, bounds, {}, mixed).wait(), Catch::Contains("in place"));
   }
+}
+
+// Hidden: run by test_adasum_in_place.straddle.np8 with MPIR_CVAR_NUM_CLIQUES=2 (MPICH splits the
+// world round-robin into shared-memory "machines" {0,2,4,6} and {1,3,5,7}); reordered, they are
+// {0,1,2,5} and {3,4,6,7}. Imposed nodes of two: {0,1} lies on one machine, {2,3} straddles both.
+// Cross partners 0 and 2 share a machine: decided per rank, 0 read 2's block in place while 2
+// (its node straddling) sent through MPI, and both waited for ever.
+TEST_CASE("Adasum in place: imposed nodes that straddle shared-memory nodes, no hang, same bits",
+          "[.straddle][adasum]") {
+  int world_rank = 0, world_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  REQUIRE(world_size == 8);
+  const int keys[8] = {0, 3, 1, 4, 2, 6, 5, 7};
+  MPI_Comm reordered = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, 0, keys[world_rank], &reordered);
+  kdist::comm::Communicator world(reordered);
+  MPI_Comm_free(&reordered);  // the Communicator holds its own duplicate
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const bool on_a = me == 0 || me == 1 || me == 2 || me == 5;
+  bool mine = true;
+  for (int r = 0; r < P; ++r) mine = mine && eng.shares_node(r) == (on_a == (r == 0 || r == 1 || r == 2 || r == 5));
+  if (eng.allreduce_values<int>({mine ? 1 : 0}, kdist::comm::ReduceOp::min, "layout")[0] == 0) {
+    if (me == 0)
+      std::printf("SKIPPED: no shared-memory nodes {0,1,2,5} and {3,4,6,7} (needs MPICH, MPIR_CVAR_NUM_CLIQUES=2)\n");
+    return;
+  }
+  adasum::Topology pairs(eng, 2);
+  CHECK(!pairs.nodes_share_memory());
+  const auto bounds = awkward_bounds();
+  const std::size_t n = bounds.back();
+  const Vec x = input<float>(me, n, 43);
+  adasum::Options o;
+  o.algorithm = adasum::Algorithm::vhdd;
+  o.hierarchy = &pairs;
+  auto v = view_of<float>(x);
+  adasum::allreduce(TestExec(), eng, v, bounds, {}, o).wait();
+  const auto ref = to_host(v);
+  adasum::SharedBuffer<float> buf(eng, n);
+  auto h = buf.view();
+  for (std::size_t i = 0; i < n; ++i) h(i) = static_cast<float>(x[i]);
+  o.in_place = true;
+  adasum::allreduce(eng, buf, bounds, {}, o).wait();
+  CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(float)) == 0);
+  // The shared-memory nodes themselves as the Topology's nodes: in place stays allowed.
+  adasum::Topology machine_pairs(eng, 0);
+  CHECK(machine_pairs.nodes_share_memory());
 }
 
 TEST_CASE("Adasum in place: a rank that fails instead of submitting is named on every rank, nobody reads its block",

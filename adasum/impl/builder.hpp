@@ -76,9 +76,10 @@ class Builder {
     piggyback_ = doubling_ && extra_ == 0 && levels_ > 0 && engine.options().check_consistency &&
                  state_.n * sizeof(T) + state_.tensors * sizeof(double) <= kMaxCheckPayload;
     if (state_.window) {
-      node_in_place_ = node_size_ > 1;
-      for (int l = 0; l < node_size_ && hier_; ++l)
-        node_in_place_ = node_in_place_ && state_.block(hier_->node_peer(l));
+      // Every rank's choice alike (Topology::nodes_share_memory is agreed collectively): decided
+      // from this rank's node alone, a node inside one machine read its cross partner in place
+      // while that partner, on a node straddling machines, sent through MPI: both waited.
+      node_in_place_ = node_size_ > 1 && hier_ && hier_->nodes_share_memory();
       state_.tokens_in.assign(static_cast<std::size_t>(std::max(node_size_, levels_ + 1)), 0);
     }
   }
