@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 
 namespace kdist {
@@ -29,7 +30,7 @@ void agree_on_bytes(Engine& engine, std::size_t bytes) {
 }  // namespace
 
 SharedWindow::SharedWindow(Engine& engine, std::size_t bytes)
-    : engine_(&engine), bytes_(bytes), engine_rank_(engine.rank()) {
+    : engine_(&engine), uncaught_(std::uncaught_exceptions()), bytes_(bytes), engine_rank_(engine.rank()) {
   agree_on_bytes(engine, bytes);
   impl_.reset(new Impl(engine.node_group()));
   const Communicator& node = impl_->node;
@@ -54,6 +55,19 @@ SharedWindow::~SharedWindow() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || impl_->win == MPI_WIN_NULL) return;
+  // MPI_Win_free waits for every rank of the node. A rank unwinding from an exception gets here
+  // before its Engine's destructor, which is what would tell the peers: without telling them
+  // first, they wait for this rank in their next operation while it waits for them here. Failed,
+  // the Engine makes their pending and next operations raise RemoteError; they unwind, and their
+  // windows' destructors come here too. An Engine already failed or finished has nothing to say.
+  if (std::uncaught_exceptions() > uncaught_ && engine_->healthy()) {
+    try {
+      engine_->fail(std::make_exception_ptr(
+          Error("kdist::comm::SharedWindow: rank " + std::to_string(engine_rank_) + " destroyed its window of " +
+                std::to_string(bytes_) + " bytes while an exception propagated (that rank reports its error itself)")));
+    } catch (...) {  // a destructor: nothing may escape; the free below still lets the peers go
+    }
+  }
   MPI_Win_unlock_all(impl_->win);
   MPI_Win_free(&impl_->win);
 }

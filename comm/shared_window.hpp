@@ -5,7 +5,12 @@
 //
 // - Construction is collective over the Engine (node_group, then a checked agreement on `bytes`:
 //   ranks that ask for different sizes get kdist::InvalidArgument on every rank). Destruction
-//   frees the window, collective over the node: destroy windows in the same order everywhere.
+//   frees the window, collective over the node: destroy windows in the same order everywhere,
+//   and before their Engine.
+// - Destroyed while an exception propagates (a rank that throws with the window alive), it first
+//   fails the Engine, which tells every peer (they raise RemoteError, unwind and free their
+//   blocks too), and only then frees the window: waiting in the collective free without telling
+//   them left the peers waiting in their next operation, and this rank waiting for them, for ever.
 // - block(r) is engine rank r's block, or nullptr when r is on another node. The blocks stay in
 //   a passive-target epoch (lock_all) for the window's lifetime.
 // - Synchronisation is the caller's: between writing a block and telling a peer (a message) call
@@ -47,7 +52,8 @@ class SharedWindow {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  const Engine* engine_;
+  Engine* engine_;
+  int uncaught_ = 0;  // std::uncaught_exceptions() at construction
   std::size_t bytes_ = 0;
   int engine_rank_ = 0, node_size_ = 1;
   std::vector<void*> blocks_;  // by engine rank

@@ -201,3 +201,32 @@ TEST_CASE("Adasum in place: a rank that fails instead of submitting is named on 
           "rank gave up before its in-place all-reduce"))  // nothing ran: the block is as written
     CHECK(std::all_of(buf.data(), buf.data() + buf.size(), [me](float x) { return x == 1.0f + me; }));
 }
+
+TEST_CASE("a rank that throws with a SharedBuffer alive: RemoteError on every peer, no hang", "[adasum][mpi]") {
+  // The window's collective free ran first during unwinding, before the Engine's destructor could
+  // tell the peers: they waited in the all-reduce for this rank, and it in the free for them.
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  bool local_error = false, remote_error = false;
+  std::string remote_text;
+  try {
+    kdist::comm::Engine eng(world);
+    adasum::SharedBuffer<float> buf(eng, 64);
+    for (std::size_t i = 0; i < buf.size(); ++i) buf.data()[i] = 1.0f + static_cast<float>(me);
+    if (me == P - 1) throw std::logic_error("the user's backward failed on purpose");
+    adasum::allreduce(eng, buf, {0, 64}, {"w"}, adasum::Options{}).wait();
+  } catch (const kdist::comm::RemoteError& e) {
+    remote_error = true;
+    remote_text = e.what();
+  } catch (const std::logic_error&) {
+    local_error = true;
+  }
+  if (me == P - 1) {
+    CHECK(local_error);
+  } else {
+    INFO(remote_text);
+    CHECK(remote_error);
+    CHECK_THAT(remote_text, Catch::Contains("rank " + std::to_string(P - 1)) && Catch::Contains("SharedWindow"));
+  }
+}
