@@ -139,7 +139,7 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
   compat::fence(exec, "kdist::adasum::allreduce: input ready");
   std::function<void()> copy_back;
   if (h.data() != v.data()) copy_back = [h, v, exec] { Kokkos::deep_copy(exec, v, h); };
-  return impl::allreduce_host<T>(engine, h.data(), h.extent(0), comm::Layout{std::move(bounds), std::move(labels)},
+  return impl::allreduce_host<T>(engine, h.data(), h.extent(0), comm::Layout{std::move(bounds), std::move(labels), {}},
                                  options, std::move(copy_back));
 }
 
@@ -158,7 +158,7 @@ template <class T>
 comm::Request allreduce(comm::Engine& engine, SharedBuffer<T>& buffer, std::vector<std::size_t> bounds,
                         std::vector<std::string> labels, const Options& options) {
   return impl::allreduce_host<T>(engine, buffer.data(), buffer.size(),
-                                 comm::Layout{std::move(bounds), std::move(labels)}, options, {}, &buffer.window());
+                                 comm::Layout{std::move(bounds), std::move(labels), {}}, options, {}, &buffer.window());
 }
 
 /// The same with the algorithm chosen automatically (flat calls below kDefaultSmallBytes by doubling).

@@ -75,6 +75,10 @@ class StallError : public Error {
 struct Layout {
   std::vector<std::size_t> bounds;
   std::vector<std::string> labels;
+  /// Tensors (indices into labels) held as the packed upper triangle of a symmetric matrix
+  /// (FusedAllreducer): elementwise reductions do not care, Adasum's dot products would (each
+  /// off-diagonal entry stands for two). Not hashed: bounds and labels already tell them apart.
+  std::vector<std::size_t> symmetric;
   bool empty() const noexcept { return bounds.empty(); }
   std::uint64_t hash() const;
   /// Short text for messages: "3 tensors [10 10 10]".

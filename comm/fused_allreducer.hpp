@@ -164,6 +164,8 @@ class FusedAllreducer {
     for (int i = begin; i < end; ++i) {
       gr.layout.bounds.push_back(gr.layout.bounds.back() + tensors_[static_cast<std::size_t>(i)].elements());
       gr.layout.labels.push_back(tensors_[static_cast<std::size_t>(i)].label);
+      if (tensors_[static_cast<std::size_t>(i)].symmetric)
+        gr.layout.symmetric.push_back(static_cast<std::size_t>(i - begin));
     }
     gr.buffer =
         Buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),

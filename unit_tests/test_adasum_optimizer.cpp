@@ -170,3 +170,32 @@ TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllre
     CHECK(kdist_test::rel_l2(got, want) < 1e-13);
   }
 }
+
+TEST_CASE("gradient reduction option: Adasum rejects symmetric (packed) tensors, sum takes them", "[adasum][fusion]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size();
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  // Packed, the 3x3 matrix's off-diagonal entries appear once: Adasum's dot products would
+  // weigh them half as much as in the matrix (it silently did).
+  const std::vector<FA::Tensor> specs{{"fc.b", 2, false}, {"kfac.A", 3, true}};
+  FA::Vector bias("fc.b", 2);
+  FA::Symmetric factor("kfac.A", 3, 3);
+  Kokkos::deep_copy(bias, 1.0);
+  Kokkos::deep_copy(factor, 2.0);
+  FA adasum_fused(eng, specs, adasum::make_reduction<double, TestMem>(adasum::GradientReduction::adasum));
+  adasum_fused.begin();
+  adasum_fused.ready(TestExec(), 0, bias);  // a flat tensor alone in its group: fine
+  REQUIRE_THROWS_WITH(adasum_fused.ready(TestExec(), 1, factor),
+                      Catch::Contains("Adasum") && Catch::Contains("symmetric tensor 'kfac.A'") &&
+                          Catch::Contains("6 packed elements") &&
+                          Catch::Contains("rank " + std::to_string(world.rank())));
+  adasum_fused.wait_reduced();  // the first group's reduction completes; the Engine is healthy
+  CHECK(eng.healthy());
+  FA sum_fused(eng, specs, adasum::make_reduction<double, TestMem>(adasum::GradientReduction::sum));
+  sum_fused.begin();
+  sum_fused.ready(TestExec(), 0, bias);
+  sum_fused.ready(TestExec(), 1, factor);
+  sum_fused.wait(TestExec());
+  CHECK(to_host(factor)(2, 0) == 2.0 * P);
+}
