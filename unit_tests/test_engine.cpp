@@ -503,8 +503,9 @@ TEST_CASE("average of integers is rejected before any MPI call, not rounded to 0
   CHECK(to_host(avg)(2) == 6.0);
 }
 
+// [leaks-comm] here and below: an Engine failed with an operation in flight (README "Sanitizer run").
 TEST_CASE("send/recv with a peer outside the Engine: InvalidArgument there, RemoteError on the others",
-          "[comm][engine]") {
+          "[comm][engine][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   const int P = world.size(), me = world.rank();
   for (const bool send : {true, false}) {
@@ -531,7 +532,7 @@ TEST_CASE("send/recv with a peer outside the Engine: InvalidArgument there, Remo
 }
 
 TEST_CASE("an error while posting a step fails the Engine on every rank, no stale error, no hang",
-          "[comm][engine][composite]") {
+          "[comm][engine][composite][leaks-comm]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);
   const int P = world.size(), me = world.rank();
