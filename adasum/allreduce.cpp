@@ -52,6 +52,11 @@ Topology::Topology(comm::Engine& engine, int node_size)
   for (int x = 0; x < cross_.size(); ++x) cross_peers_.push_back(cross_.rank_in(engine.communicator(), x));
   // Decided once, by all ranks together: each rank alone sees only its own node, and partners on
   // one machine that decided apart (one reading in place, the other sending) waited for ever.
+  // Shared-memory nodes (node_size 0, the same on every rank) lie in one machine by construction.
+  if (node_size == 0) {
+    nodes_share_memory_ = true;
+    return;
+  }
   int mine = 1;
   for (int p : node_peers_) mine = mine && engine.shares_node(p);
   nodes_share_memory_ = engine.allreduce_values<int>({mine}, comm::ReduceOp::min, "kdist::adasum::Topology")[0] == 1;

@@ -61,7 +61,8 @@ class Topology {
  public:
   /// node_size > 0 imposes nodes of that many consecutive ranks (emulated nodes); 0 takes the
   /// shared-memory nodes. Unequal node sizes throw kdist::InvalidArgument. Collective and checked
-  /// (the node splits and one all-reduce saying whether every node lies in one shared-memory node).
+  /// (the node splits and, for imposed nodes, one all-reduce saying whether every node lies in one
+  /// shared-memory node).
   explicit Topology(comm::Engine& engine, int node_size = 0);
   const comm::Engine* engine() const noexcept { return engine_id_; }
   const comm::Communicator& node() const noexcept { return node_; }

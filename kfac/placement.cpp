@@ -366,6 +366,12 @@ void check_owner(const char* func, std::size_t items, int ranks, const std::vect
                                     std::to_string(ranks) + ")");
 }
 
+/// The makespan of `owner` in kind's model (the channel model for channel, else the load model).
+double modelled_makespan(PlacementKind kind, const Costs& c, int ranks, const std::vector<int>& owner,
+                         std::vector<double>* load) {
+  return kind == PlacementKind::channel ? channel_makespan(c, ranks, owner, load) : makespan(c, ranks, owner, load);
+}
+
 /// A plan handed in from outside (a public struct): its owners and cost lists must agree with it.
 void check_plan(const char* func, const Placement& p) {
   check_ranks(func, p.ranks);
@@ -436,7 +442,7 @@ Placement place(const std::vector<PlacementItem>& items, const PlacementModels& 
   p.inverse_s = c.inv;
   p.broadcast_s = c.bc;
   const bool channel = kind == PlacementKind::channel;
-  p.modelled_time = channel ? channel_makespan(c, ranks, p.owner, &p.load) : makespan(c, ranks, p.owner, &p.load);
+  p.modelled_time = modelled_makespan(kind, c, ranks, p.owner, &p.load);
   p.lower_bound = channel ? channel_bound(c, ranks) : lower_bound(c, ranks);
   return p;
 }
@@ -477,8 +483,7 @@ Placement with_owners(const Placement& p, const std::vector<int>& owner) {
   q.owner = owner;
   q.exact = false;
   const Costs c{p.inverse_s, p.broadcast_s};
-  q.modelled_time = p.kind == PlacementKind::channel ? channel_makespan(c, p.ranks, owner, &q.load)
-                                                     : makespan(c, p.ranks, owner, &q.load);
+  q.modelled_time = modelled_makespan(p.kind, c, p.ranks, owner, &q.load);
   return q;
 }
 
