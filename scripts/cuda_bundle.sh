@@ -14,7 +14,10 @@
 #   1. WORK/kokkos-src: a copy of KOKKOS_SRC with the CUDA 13 edits below; WORK/kokkos-build ->
 #      WORK/kokkos-install (CUDA + Serial, Kokkos_ARCH_<ARCH>, static, Release, nvcc_wrapper)
 #   2. WORK/kk-build -> WORK/kk-install: Kokkos Kernels, BLAS component only, no default ETI,
-#      TPLs cuBLAS + cuSOLVER (+ cuSPARSE, which cuSOLVER requires)
+#      TPLs cuBLAS + cuSOLVER (+ cuSPARSE, which cuSOLVER requires) for device views and the host
+#      BLAS (OpenBLAS, as in the host build) for host views: without it kdist::gemm on the host
+#      space runs Kokkos Kernels' own serial kernel (kdist_portability's @host rows, tests' host
+#      mirrors)
 #   3. WORK/kdist-build: kdist with KDIST_ENABLE_CUDA + KDIST_ENABLE_NCCL (always re-run: make
 #      rebuilds only what a kdist change touched)
 #   4. OUT (the bundle): payload.tar.xz, runlist.tsv, manifest.json, MANIFEST.txt
@@ -246,7 +249,7 @@ if [ -z "$PACK_ONLY" ]; then
     echo "$in_kokkos" >"$WORK/kokkos.done"
   fi
 
-  in_kk="src=$(readlink -f "$KK_SRC") kokkos=$WORK/kokkos-install arch=$ARCH"
+  in_kk="src=$(readlink -f "$KK_SRC") kokkos=$WORK/kokkos-install arch=$ARCH tpls=cublas,cusolver,cusparse,blas"
   if ! step_done kk "$in_kk"; then
     kksrc="$WORK/kk-src"
     unpack_source "$KK_SRC" "$kksrc" "$WORK/kk-src.commit"
@@ -260,7 +263,7 @@ if [ -z "$PACK_ONLY" ]; then
         -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON \
         -DKokkosKernels_ADD_DEFAULT_ETI=OFF -DKokkosKernels_ENABLE_TESTS=OFF \
         -DKokkosKernels_ENABLE_TPL_CUBLAS=ON -DKokkosKernels_ENABLE_TPL_CUSOLVER=ON \
-        -DKokkosKernels_ENABLE_TPL_CUSPARSE=ON
+        -DKokkosKernels_ENABLE_TPL_CUSPARSE=ON -DKokkosKernels_ENABLE_TPL_BLAS=ON
       cmake --build "$WORK/kk-build" -j "$JOBS"
       cmake --install "$WORK/kk-build"
     } >"$WORK/kk.log" 2>&1 || die "Kokkos Kernels failed: tail $WORK/kk.log"
@@ -489,7 +492,7 @@ doc = {
     "cuda": E["cuda_version"], "nccl_headers": E["nccl_version"],
     "kokkos": {"version": E["kokkos_version"], "commit": E["kokkos_commit"],
                "cuda13_edits": [l for l in E["patches"].splitlines() if l], "libraries": "static, inside every program"},
-    "kokkos_kernels": {"version": E["kk_version"], "commit": E["kk_commit"], "tpls": "cuBLAS, cuSOLVER, cuSPARSE",
+    "kokkos_kernels": {"version": E["kk_version"], "commit": E["kk_commit"], "tpls": "cuBLAS, cuSOLVER, cuSPARSE, BLAS (host)",
                        "libraries": "static, inside every program"},
     "mpiexec": E["MPIEXEC"],
     "needs_glibc": E["glibc_needed"], "needs_glibcxx": E["glibcxx_needed"],

@@ -36,7 +36,8 @@
 #   steps.log       the end of every step's log
 #   logs.tar.gz     logs/ (every step's whole log) and results/ (the benchmarks' JSON, the
 #                   training log)
-# Exit status: 0 all steps that ran passed, 1 some failed, 3 no GPU, 4 no bundle.
+# Exit status: 0 all steps that ran passed, 1 some failed, 3 no GPU, 4 no bundle (those two
+# write only gpu-check.json, {"status", "exit", "message"}, and a one-line summary.txt).
 #
 # Environment: GPU_CHECK_BUDGET_S (total, default 450), GPU_CHECK_JOBS (1-rank tests at once,
 # default 4), GPU_CHECK_JOBS2 (2-rank tests at once, default 2), GPU_CHECK_UNPACK (default
@@ -47,29 +48,35 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PATH="$PATH:/usr/local/nvidia/bin:/usr/local/cuda/bin"
 
+OUT="${OUT:-./gpu-check-out}"
+# stop STATUS EXIT MESSAGE: nothing can run; say why on stderr and in $OUT's report and summary.
+stop() {
+  echo "gpu_check: $3" >&2
+  mkdir -p "$OUT" || exit "$2"
+  rm -f "$OUT/steps.log" "$OUT/logs.tar.gz"
+  local msg="${3//\\/\\\\}"
+  printf '{"status": "%s", "exit": %d, "message": "%s", "steps": []}\n' "$1" "$2" "${msg//\"/\\\"}" >"$OUT/gpu-check.json"
+  echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ): $3 (exit $2)" >"$OUT/summary.txt"
+  exit "$2"
+}
+
 # ---- no GPU: stop before anything else -------------------------------------------------------
 if [ "${GPU_CHECK_ASSUME_GPU:-0}" != 1 ]; then
-  if ! command -v nvidia-smi >/dev/null 2>&1; then
-    echo "gpu_check: no GPU (nvidia-smi not found): nothing run" >&2
-    exit 3
-  fi
-  if ! timeout 60 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
-    echo "gpu_check: no GPU (nvidia-smi lists no device): nothing run" >&2
-    exit 3
-  fi
+  command -v nvidia-smi >/dev/null 2>&1 || stop "no GPU" 3 "no GPU (nvidia-smi not found): nothing run"
+  # Captured, not piped into grep -q: under pipefail an early grep exit fails the pipeline.
+  gpus="$(timeout 60 nvidia-smi -L 2>/dev/null)"
+  grep '^GPU ' <<<"$gpus" >/dev/null || stop "no GPU" 3 "no GPU (nvidia-smi lists no device): nothing run"
 fi
 
 T0="${EPOCHREALTIME:-$(date +%s.%N)}"
 BUDGET="${GPU_CHECK_BUDGET_S:-450}"
 BUNDLE="${1:-$ROOT/cuda-bundle}"
-OUT="${OUT:-./gpu-check-out}"
 KIT="${GPU_CHECK_UNPACK:-/tmp/kdist-gpu-kit}"
 JOBS1="${GPU_CHECK_JOBS:-4}"
 JOBS2="${GPU_CHECK_JOBS2:-2}"
 ONLY="${GPU_CHECK_ONLY:-}"
 if [ ! -f "$BUNDLE/payload.tar.xz" ] || [ ! -f "$BUNDLE/runlist.tsv" ]; then
-  echo "gpu_check: no bundle at $BUNDLE (payload.tar.xz, runlist.tsv: scripts/cuda_bundle.sh makes one)" >&2
-  exit 4
+  stop "no bundle" 4 "no bundle at $BUNDLE (payload.tar.xz, runlist.tsv: scripts/cuda_bundle.sh makes one)"
 fi
 BUNDLE="$(cd "$BUNDLE" && pwd)"
 mkdir -p "$OUT"
@@ -253,7 +260,7 @@ t="$(now)"
   grep PRETTY_NAME /etc/os-release 2>/dev/null
 } >"$W/logs/device.log" 2>&1
 rc="$(sed -n 's/^nvidia-smi rc //p' "$W/logs/device.log")"
-gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
+gpu_line="$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
 HEADER+=("device: ${gpu_line:-unknown}" "$(grep '^glibc' "$W/logs/device.log")" "$(grep PRETTY_NAME "$W/logs/device.log")")
 INFO_JSON+=("\"device\": $(jstr "${gpu_line:-unknown}")" "\"device_log\": $(jstr "$(cat "$W/logs/device.log")")")
 sed -n '1,20p' "$W/logs/device.log"
@@ -294,7 +301,8 @@ missing_libs() {
 extra="$(sed -n 's/^EXTRA=//p' "$W/logs/libraries.log")"
 [ -n "$extra" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$extra"
 # libstdc++ / libgcc_s older than the build's: use the bundle's.
-if for f in "$KIT"/bin/*; do ldd "$f" 2>&1; done | grep -qE "version .(GLIBCXX|CXXABI|GCC)_[0-9.]*' not found"; then
+ldd_all="$(for f in "$KIT"/bin/*; do ldd "$f" 2>&1; done)"
+if grep -E "version .(GLIBCXX|CXXABI|GCC)_[0-9.]*' not found" <<<"$ldd_all" >/dev/null; then
   export LD_LIBRARY_PATH="$KIT/lib/compat:$LD_LIBRARY_PATH"
   echo "libstdc++ too old here: using the bundle's (lib/compat)" >>"$W/logs/libraries.log"
 fi
