@@ -70,7 +70,7 @@ Plan Plan::choose(std::size_t n, const Options& options, bool window) {
   p.hierarchy = options.hierarchy;
   p.doubling = !p.hierarchy && (options.algorithm == Algorithm::doubling ||
                                 (options.algorithm == Algorithm::automatic && n * sizeof(T) < options.small_bytes));
-  const std::size_t chunk_bytes = options.chunk_bytes ? options.chunk_bytes : default_chunk_bytes();
+  const std::size_t chunk_bytes = options.chunk_bytes ? options.chunk_bytes : kDefaultChunkBytes;
   p.chunk = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
   p.chunk_everywhere = options.chunk_bytes != 0;
   p.in_place = options.in_place && window;
@@ -161,12 +161,6 @@ template comm::Request allreduce_host<double>(comm::Engine&, double*, std::size_
                                               std::function<void()>, const comm::SharedWindow*);
 
 }  // namespace impl
-
-std::size_t default_chunk_bytes() {
-  constexpr std::size_t lo = 64u << 10, hi = 1u << 20;
-  const std::size_t l2 = impl::l2_cache_bytes();
-  return l2 ? std::min(hi, std::max(lo, l2 / 8)) : std::size_t(256u << 10);
-}
 
 const char* to_string(Algorithm a) {
   switch (a) {

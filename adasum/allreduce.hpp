@@ -92,16 +92,18 @@ const char* to_string(Algorithm a);
 /// memory (docs/performance.md, "Adasum"); beyond 2 ranks doubling sends log2 P times n, VHDD 2 n.
 constexpr std::size_t kDefaultSmallBytes = 16u << 10;
 
-/// VHDD's exchange chunk when Options::chunk_bytes is 0: an eighth of this core's L2 cache
-/// (sysconf), within [64 KiB, 1 MiB]; 256 KiB when the cache size is unknown.
-std::size_t default_chunk_bytes();
+/// VHDD's exchange chunk to partners on other nodes when Options::chunk_bytes is 0. A constant,
+/// not the local cache size: ranks on different CPUs must chunk alike (the chunk is part of the
+/// signature). Two chunks and the partner's chunk fit a 512 KiB L2; the link series of
+/// perf/results/adasum ran with it on hosts 3 and 4.
+constexpr std::size_t kDefaultChunkBytes = 128u << 10;
 
 struct Options {
   Algorithm algorithm = Algorithm::automatic;
   std::size_t small_bytes = kDefaultSmallBytes;  ///< automatic: doubling below this many bytes (flat only)
   /// VHDD sends each half in chunks of this many bytes and sums each chunk's partials while the
   /// next one moves; the last level applies chunk by chunk while the all-gather sends. 0: chunks
-  /// of default_chunk_bytes() to partners on other nodes only (on the node MPI copies on the CPU
+  /// of kDefaultChunkBytes to partners on other nodes only (on the node MPI copies on the CPU
   /// and nothing overlaps). The result does not depend on it, bit for bit; ranks must agree on it.
   std::size_t chunk_bytes = 0;
   /// With a SharedBuffer: read the blocks of peers on this node in place (zero-copy); false runs

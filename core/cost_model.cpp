@@ -100,6 +100,7 @@ CostModel CostModel::linear(double alpha, double beta) {
 
 CostModel CostModel::from_measurements(std::vector<double> x, std::vector<double> t) {
   check_points("kdist::CostModel::from_measurements", x, t);
+  if (x.empty()) impl::throw_invalid("kdist::CostModel::from_measurements", "no measurements (0 sizes and 0 times)");
   std::vector<std::size_t> idx(x.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return x[a] < x[b]; });
@@ -108,7 +109,13 @@ CostModel CostModel::from_measurements(std::vector<double> x, std::vector<double
     m.x_.push_back(x[k]);
     m.t_.push_back(m.t_.empty() ? t[k] : std::max(m.t_.back(), t[k]));  // monotone
   }
-  if (m.x_.size() >= 2) m.fit_ = fit_alpha_beta(m.x_, m.t_);
+  if (m.x_.size() >= 2) {
+    m.fit_ = fit_alpha_beta(m.x_, m.t_);
+  } else {
+    // One measurement fixes one coefficient: a rate through the origin (a latency at size 0),
+    // so the model gives the measured time at the measured size, never the unmeasured default.
+    m.fit_ = m.x_[0] > 0 ? AlphaBeta{0.0, m.t_[0] / m.x_[0]} : AlphaBeta{m.t_[0], 0.0};
+  }
   return m;
 }
 

@@ -42,7 +42,9 @@ class CostModel {
   /// Throws InvalidArgument unless alpha and beta are finite and >= 0.
   static CostModel linear(double alpha, double beta);
   /// From measurements (x ascending after sorting); the table is made monotone (running max).
-  /// Throws InvalidArgument on unequal lengths or values outside the ranges above.
+  /// One measurement gives the rate through the origin, t0 / x0 (x0 = 0: the latency t0), so
+  /// time(x0) is t0. Throws InvalidArgument on no measurement, unequal lengths or values outside
+  /// the ranges above.
   static CostModel from_measurements(std::vector<double> x, std::vector<double> t);
 
   /// Modelled time at x: table interpolation (log-log) inside the measured range, the fit outside.

@@ -60,7 +60,8 @@ struct Conv2dGeometry {
     const long long rows_ll = static_cast<long long>(batch) * out_h() * out_w();
     const long long input_ll = static_cast<long long>(batch) * channels * height * width;
     const long long patch_ll = static_cast<long long>(channels) * kernel_h * kernel_w;
-    if (rows_ll > INT_MAX || input_ll > INT_MAX || patch_ll > INT_MAX)
+    // im2col_columns runs one work item per (patch column, image).
+    if (rows_ll > INT_MAX || input_ll > INT_MAX || patch_ll > INT_MAX || patch_ll * batch > INT_MAX)
       impl::throw_invalid(func, "index range exceeds int: " + describe() + context);
   }
 };

@@ -75,6 +75,9 @@ struct DenseSolver<ExecSpace, T,
   /// LAPACK's work array followed by its integer work array.
   static std::size_t syevd_bytes(const ExecSpace&, int n, int) {
     const host::SyevdWorkspace ws = host::syevd_workspace<T>('V', 'U', n);
+    if (ws.lwork < 0)
+      throw_invalid("kdist::symmetric_eigen",
+                    "dimension " + std::to_string(n) + " needs a LAPACK workspace beyond int elements");
     return sizeof(T) * static_cast<std::size_t>(ws.lwork) +
            sizeof(int) * static_cast<std::size_t>(ws.liwork > 0 ? ws.liwork : 1);
   }

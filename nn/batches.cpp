@@ -39,7 +39,8 @@ void ShardedBatches::set_epoch(std::uint64_t epoch) {
 }
 
 int ShardedBatches::batches() const {
-  return (samples() + global_batch() - 1) / global_batch();
+  // In 64 bits: samples + global batch - 1 passes INT_MAX for a large set (1.5e9 samples, 1e9 a batch).
+  return static_cast<int>((static_cast<long long>(samples()) + global_batch() - 1) / global_batch());
 }
 
 int ShardedBatches::global_size(int batch) const {

@@ -48,14 +48,25 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PATH="$PATH:/usr/local/nvidia/bin:/usr/local/cuda/bin"
 
+# JSON string of arbitrary text (printable ASCII kept).
+jstr() {
+  local s
+  s="$(printf '%s' "$1" | tr -cd '\11\12\15\40-\176')"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  s="${s//$'\t'/\\t}"
+  s="${s//$'\r'/}"
+  s="${s//$'\n'/\\n}"
+  printf '"%s"' "$s"
+}
+
 OUT="${OUT:-./gpu-check-out}"
 # stop STATUS EXIT MESSAGE: nothing can run; say why on stderr and in $OUT's report and summary.
 stop() {
   echo "gpu_check: $3" >&2
   mkdir -p "$OUT" || exit "$2"
   rm -f "$OUT/steps.log" "$OUT/logs.tar.gz"
-  local msg="${3//\\/\\\\}"
-  printf '{"status": "%s", "exit": %d, "message": "%s", "steps": []}\n' "$1" "$2" "${msg//\"/\\\"}" >"$OUT/gpu-check.json"
+  printf '{"status": %s, "exit": %d, "message": %s, "steps": []}\n' "$(jstr "$1")" "$2" "$(jstr "$3")" >"$OUT/gpu-check.json"
   echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ): $3 (exit $2)" >"$OUT/summary.txt"
   exit "$2"
 }
@@ -89,17 +100,6 @@ now() { echo "${EPOCHREALTIME:-$(date +%s.%N)}"; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}'; }
 # Seconds left before the whole budget is spent.
 left() { awk -v t0="$T0" -v b="$BUDGET" -v n="$(now)" 'BEGIN{printf "%d", t0 + b - n}'; }
-# JSON string of arbitrary text (printable ASCII kept).
-jstr() {
-  local s
-  s="$(printf '%s' "$1" | tr -cd '\11\12\15\40-\176')"
-  s="${s//\\/\\\\}"
-  s="${s//\"/\\\"}"
-  s="${s//$'\t'/\\t}"
-  s="${s//$'\r'/}"
-  s="${s//$'\n'/\\n}"
-  printf '"%s"' "$s"
-}
 selected() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
 
 STEPS=()      # one JSON object per step

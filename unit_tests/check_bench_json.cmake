@@ -1,5 +1,5 @@
-# Runs a benchmark with --json and checks the file: an array of ROWS objects, the first key of
-# each row the size and the last one the ratio, both numbers.
+# Runs a benchmark with --json and checks the file: ROWS rows, each an object whose keys follow
+# "columns"; row 0's first column (the size) and last column (the ratio) are numbers.
 execute_process(COMMAND ${EXE} ${ARGS} --json ${JSON} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${EXE} exited ${rc}")

@@ -293,12 +293,6 @@ TEMPLATE_TEST_CASE(
   }
 }
 
-TEST_CASE("Adasum: the default chunk comes from the L2 cache size", "[adasum]") {
-  const std::size_t c = adasum::default_chunk_bytes();
-  CHECK(c >= (64u << 10));
-  CHECK(c <= (1u << 20));
-}
-
 TEST_CASE("Adasum: an empty buffer of no tensors (bounds {0}) does nothing, on either algorithm", "[adasum][mpi]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);

@@ -241,6 +241,24 @@ TEST_CASE("symmetric_eigen returns the spectrum and orthonormal vectors", "[core
   CHECK(res < 1e-12);
 }
 
+TEST_CASE("host syevd workspace is never below LAPACK's minimum (float queries round above 2^24)", "[core][inverse]") {
+  // OpenBLAS 0.3.21's ssyevd query answers 135679856 at n = 8235, 5 short of the minimum.
+  for (int n : {0, 1, 2, 40, 8194, 8235, 8300})
+    for (char jobz : {'V', 'N'}) {
+      const long long nn = n, min_lwork = n <= 1 ? 1 : jobz == 'V' ? 1 + 6 * nn + 2 * nn * nn : 2 * nn + 1;
+      const long long min_liwork = n <= 1 || jobz == 'N' ? 1 : 3 + 5 * nn;
+      INFO("n " << n << " jobz " << jobz);
+      const auto f = kdist::impl::host::syevd_workspace<float>(jobz, 'U', n);
+      const auto d = kdist::impl::host::syevd_workspace<double>(jobz, 'U', n);
+      CHECK(f.lwork >= min_lwork);
+      CHECK(d.lwork >= min_lwork);
+      CHECK(f.liwork >= min_liwork);
+      CHECK(d.liwork >= min_liwork);
+    }
+  // Past int (2 n^2 > INT_MAX): no size at all, which symmetric_eigen reports as InvalidArgument.
+  CHECK(kdist::impl::host::syevd_workspace<double>('V', 'U', 40000).lwork == -1);
+}
+
 TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalError, input unchanged",
                    "[core][inverse][errors]", float, double) {
   using T = TestType;

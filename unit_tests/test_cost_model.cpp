@@ -82,6 +82,21 @@ TEST_CASE("CostModel table is monotone, interpolates, and round-trips through JS
   std::remove(path.c_str());
 }
 
+TEST_CASE("CostModel from one measurement gives it back, stays monotone and round-trips", "[core][cost]") {
+  const CostModel m = CostModel::from_measurements({1000}, {1.0});
+  CHECK(m.time(1000) == 1.0);  // was the unmeasured default, 20 us + 1000 B / 5 GB/s
+  CHECK(m.time(2000) == Approx(2.0));
+  for (double b = 1; b < 1e6; b *= 1.7) CHECK(m.time(b) <= m.time(b * 1.7));
+  CHECK(CostModel::from_measurements({0}, {3e-6}).time(0) == 3e-6);
+  const CostKey key{CostOp::spd_inverse, DType::float64, 1, "local"};
+  CostModelStore store;
+  store.set(key, m);
+  const std::string path = "kdist_cost_model_one." + std::to_string(world_rank()) + ".json";
+  store.save(path);
+  CHECK(CostModelStore::load(path).get(key).time(1500) == Approx(m.time(1500)));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("CostOp and CostKey spell the file format's strings", "[core][cost]") {
   for (CostOp op : {CostOp::allreduce, CostOp::broadcast, CostOp::adasum, CostOp::spd_inverse}) {
     CostOp back = CostOp::allreduce;
@@ -99,7 +114,9 @@ TEST_CASE("calibrate_inverse times spd_inverse on an execution space", "[core][c
   REQUIRE(m.x() == std::vector<double>{64.0 * 64 * 64, 128.0 * 128 * 128});
   CHECK(m.t()[0] > 0);
   CHECK(m.t()[1] >= m.t()[0]);
-  CHECK(kdist::calibrate_inverse(64, 30.0, 1).x().size() == 1);  // default execution space
+  const CostModel one = kdist::calibrate_inverse(64, 30.0, 1);  // default execution space
+  REQUIRE(one.x().size() == 1);
+  CHECK(one.time(one.x()[0]) == one.t()[0]);  // the measurement, not the unmeasured default
   REQUIRE_THROWS_AS(kdist::calibrate_inverse(32, 30.0), kdist::InvalidArgument);
 }
 
@@ -288,6 +305,7 @@ TEST_CASE("CostModel::linear and from_measurements reject negative and non-finit
   REQUIRE_THROWS_WITH(CostModel::from_measurements({-1, 2}, {1e-6, 2e-6}), Catch::Contains("size 0"));
   REQUIRE_THROWS_WITH(CostModel::from_measurements({1, 2}, {1e-6, nan}), Catch::Contains("time 1"));
   REQUIRE_THROWS_WITH(CostModel::from_measurements({1}, {-1e-6}), Catch::Contains("time 0"));
+  REQUIRE_THROWS_WITH(CostModel::from_measurements({}, {}), Catch::Contains("no measurements"));
   CHECK(CostModel::linear(0.0, 0.0).time(1e9) == 0.0);
 }
 

@@ -188,6 +188,18 @@ TEST_CASE("im2col family rejects bad geometry and extents, outputs untouched", "
   CHECK(to_flat(X) == Dense(s.inputs(), 1.0));
 }
 
+TEST_CASE("Conv2dGeometry::validate rejects work counts past int, each size alone in range", "[core][im2col][errors]") {
+  // One 1x1 image padded to a 2001x2001 kernel: a patch of 4e6 columns, 1000 rows, 1000 inputs,
+  // but im2col's 4e9 (column, image) work items overflow int.
+  const kdist::Conv2dGeometry g{1000, 1, 1, 1, 2001, 2001, 1, 1000};
+  REQUIRE(g.rows() == 1000);
+  REQUIRE(g.patch() == 2001 * 2001);
+  REQUIRE_THROWS_WITH(g.validate("kdist::im2col"),
+                      Catch::Contains("kdist::im2col") && Catch::Contains("exceeds int") && Catch::Contains("batch 1000"));
+  const kdist::Conv2dGeometry fits{500, 1, 1, 1, 2001, 2001, 1, 1000};  // 2.0e9 work items
+  CHECK_NOTHROW(fits.validate("kdist::im2col"));
+}
+
 TEST_CASE("im2col rejects patches sharing the input's storage", "[core][im2col][errors][overlap]") {
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   const ConvShape s{1, 1, 3, 3, 2, 2, 1, 0};  // 9 inputs, 4 x 4 patches

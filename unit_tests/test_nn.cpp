@@ -185,9 +185,13 @@ TEST_CASE("nn::Conv2d: stride 2, padding 1, a 3x2 kernel: forward and gradients"
 }
 
 TEST_CASE("nn::Conv2d: a batch run in several chunks equals its images run one at a time", "[nn]") {
-  // 20x20 outputs x a 200-column patch x 8 bytes = 640 KiB per image: past the host's 512 KiB
-  // chunk, so the batch of 3 runs as 3 chunks (dW accumulated over them); one image is one chunk.
-  const int B = 3, C = 8, H = 20, W = 20, O = 4, K = 5, P = 2;
+  // 20x20 outputs x a C*25-column patch x 8 bytes per image against the host's 512 KiB chunk:
+  // C = 8, 640 KiB: each image alone in its chunk (the in-place single-image path); C = 2,
+  // 156 KiB: chunks of 3, 3 and 1 images (the multi-image path, chunks starting past image 0).
+  // dW is accumulated over the chunks either way.
+  const int C = GENERATE(8, 2);
+  const int B = C == 8 ? 3 : 7, H = 20, W = 20, O = 4, K = 5, P = 2;
+  INFO("batch " << B << ", " << C << " channels");
   TestExec exec;
   nn::Conv2d<double, TestMem> batch(C, O, K, K, 1, P), single(C, O, K, K, 1, P);
   const Values wv = random_values(O * C * K * K, 31), bv = random_values(O, 32);

@@ -1,5 +1,9 @@
 #include "lapack_host.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 extern "C" {
 void spotrf_(const char*, const int*, float*, const int*, int*);
 void dpotrf_(const char*, const int*, double*, const int*, int*);
@@ -40,19 +44,36 @@ int potri<double>(char uplo, int n, double* A, int lda) {
   return info;
 }
 
+namespace {
+// The query returns LWORK as a float: above 2^24 it is rounded, possibly below the minimum
+// (n = 8235: 135679856 against 1 + 6n + 2n^2 = 135679861, and ssyevd then refuses with info -8).
+// Take the larger of the query, rounded up, and the documented minimum (LAPACK's ?syevd).
+SyevdWorkspace at_least_minimum(char jobz, int n, double lwork_query, int liwork_query) {
+  const bool vectors = jobz == 'V' || jobz == 'v';
+  const long long nn = n;
+  const long long min_lwork = n <= 1 ? 1 : vectors ? 1 + 6 * nn + 2 * nn * nn : 2 * nn + 1;
+  const long long min_liwork = n <= 1 || !vectors ? 1 : 3 + 5 * nn;
+  const long long lwork = std::max(static_cast<long long>(std::ceil(lwork_query)), min_lwork);
+  const long long liwork = std::max(static_cast<long long>(liwork_query), min_liwork);
+  // No kdist error here: this file also links into the Kokkos-free gpu_smoke.
+  if (lwork > std::numeric_limits<int>::max() || liwork > std::numeric_limits<int>::max()) return {-1, -1};
+  return {static_cast<int>(lwork), static_cast<int>(liwork)};
+}
+}  // namespace
+
 template <>
 SyevdWorkspace syevd_workspace<float>(char jobz, char uplo, int n) {
   float wq = 0, aq = 0, w = 0;
   int iq = 0, lw = -1, liw = -1, info = 0, lda = n > 0 ? n : 1;
   ssyevd_(&jobz, &uplo, &n, &aq, &lda, &w, &wq, &lw, &iq, &liw, &info);
-  return {static_cast<int>(wq) + 1, iq};
+  return at_least_minimum(jobz, n, wq, iq);
 }
 template <>
 SyevdWorkspace syevd_workspace<double>(char jobz, char uplo, int n) {
   double wq = 0, aq = 0, w = 0;
   int iq = 0, lw = -1, liw = -1, info = 0, lda = n > 0 ? n : 1;
   dsyevd_(&jobz, &uplo, &n, &aq, &lda, &w, &wq, &lw, &iq, &liw, &info);
-  return {static_cast<int>(wq) + 1, iq};
+  return at_least_minimum(jobz, n, wq, iq);
 }
 template <>
 int syevd<float>(char jobz, char uplo, int n, float* A, int lda, float* w, float* work, int lwork, int* iwork,

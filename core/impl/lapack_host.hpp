@@ -11,6 +11,8 @@ int potrf(char uplo, int n, T* A, int lda);
 template <class T>
 int potri(char uplo, int n, T* A, int lda);
 
+/// ?syevd's work array sizes: at least LAPACK's documented minimum (the query alone can be short,
+/// see the .cpp); lwork is -1 when that minimum does not fit LAPACK's int (n above about 32767).
 struct SyevdWorkspace {
   int lwork = 0;
   int liwork = 0;

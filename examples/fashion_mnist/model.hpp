@@ -98,6 +98,10 @@ class Model {
     if (x.extent(1) != static_cast<std::size_t>(inputs()))
       throw InvalidArgument("fmnist::Model::forward: " + std::to_string(x.extent(1)) +
                             " features per image, the model takes " + std::to_string(inputs()));
+    // The CNN reads x's storage as NCHW images: rows with a stride between them would be misread.
+    if (cnn_ && !x.span_is_contiguous())
+      throw InvalidArgument("fmnist::Model::forward: the CNN takes contiguous images; this batch of " +
+                            std::to_string(B) + " has rows " + std::to_string(x.stride(0)) + " elements apart");
     if (B != batch_) allocate(B);
     C2 h = x;
     if (cnn_) h = conv_forward(exec, C4(x.data(), B, 1, rows_, cols_));

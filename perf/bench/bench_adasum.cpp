@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   std::size_t chunk_bytes = 0;
   app.add_option("--chunk-bytes", chunk_bytes,
-                 "VHDD exchange chunk on every level (0: the library default, adasum::default_chunk_bytes() "
+                 "VHDD exchange chunk on every level (0: the library default, adasum::kDefaultChunkBytes "
                  "to partners on other nodes)")
       ->capture_default_str();
   std::size_t max_bytes = 64u << 20;
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     table->context("drain_bytes", static_cast<long long>(drain_bytes));
     table->context("series", series_count);
     table->context("chunk_bytes", static_cast<long long>(chunk_bytes));
-    table->context("default_chunk_bytes", static_cast<long long>(kdist::adasum::default_chunk_bytes()));
+    table->context("default_chunk_bytes", static_cast<long long>(kdist::adasum::kDefaultChunkBytes));
     if (me == 0) {
       std::printf("# %s, %d ranks, float32%s\n", part.c_str(), P, part == "time" ? ", medians of max over ranks" : "");
       table->print_header();

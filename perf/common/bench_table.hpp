@@ -1,6 +1,8 @@
 // Output of every kdist benchmark: one row per size, first column the size, last column the
-// ratio to the baseline measured in the same run; printed as an aligned table and, with
-// --json FILE, written as {"benchmark", "columns", "rows", "context"}.
+// ratio to the baseline measured in the same run. Where a row is a case rather than a size, the
+// case comes first (bench_kfac's configuration, kdist_portability's kernel). Printed as an
+// aligned table and, with --json FILE, written as {"benchmark", "columns", "rows", "context"},
+// each row's keys in column order.
 #pragma once
 
 #include <algorithm>
@@ -33,7 +35,7 @@ class Table {
   /// Adds a row (values in column order) and prints it at once.
   void row(const std::vector<nlohmann::json>& values) {
     if (values.size() != columns_.size()) throw std::logic_error("bench row has the wrong number of columns");
-    nlohmann::json r = nlohmann::json::object();
+    nlohmann::ordered_json r = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < values.size(); ++i) {
       r[columns_[i]] = values[i];
       if (!print_) continue;
@@ -54,14 +56,18 @@ class Table {
     if (path.empty()) return;
     std::ofstream out(path);
     if (!out) throw std::runtime_error("cannot write '" + path + "'");
-    out << nlohmann::json{{"benchmark", name_}, {"columns", columns_}, {"rows", rows_}, {"context", context_}}.dump(1)
-        << '\n';
+    nlohmann::ordered_json doc;
+    doc["benchmark"] = name_;
+    doc["columns"] = columns_;
+    doc["rows"] = rows_;
+    doc["context"] = nlohmann::ordered_json::parse(context_.dump());
+    out << doc.dump(1) << '\n';
   }
 
  private:
   std::string name_;
   std::vector<std::string> columns_;
-  std::vector<nlohmann::json> rows_;
+  std::vector<nlohmann::ordered_json> rows_;
   bool print_ = true;
   nlohmann::json context_ = nlohmann::json::object();
 };
