@@ -9,10 +9,12 @@
 // local step. Learning rate: start from the single-worker rate; Adasum does not grow the
 // effective batch the way a gradient sum does.
 //
-// Errors: when the local step or the all-reduce throws (e.g. NonFiniteError, which every rank
-// raises alike, or a peer's RemoteError), step() puts every parameter back to its value before the
-// step, then rethrows: no rank keeps its own local step, so the ranks stay identical and the caller
-// may skip the batch and go on (or stop). The restore is complete when the exception arrives.
+// Errors: when the local step or the all-reduce throws, step() puts every parameter back to its
+// value before the step, then rethrows: no rank keeps its own local step, so the ranks stay
+// identical. The restore is complete when the exception arrives. An error of the all-reduce
+// (NonFiniteError, which every rank raises alike) leaves the Engine usable: the caller may skip the
+// batch and go on. An error of the local step is this rank's alone: it fails the Engine
+// (Engine::fail), so the peers, waiting in the all-reduce, raise RemoteError naming it, not hang.
 #pragma once
 
 #include <kdist/adasum/allreduce.hpp>
@@ -89,11 +91,13 @@ class DeltaOptimizer {
   /// One distributed step (collective). `local_step` is the user's optimizer update of the
   /// parameters from `grads` (on `exec`); `max_grad_norm` > 0 clips the gradients before it.
   /// Throws what the local step or the all-reduce threw, with every parameter restored to its
-  /// value before the call (the user optimizer's own state, e.g. momentum, is not restored).
+  /// value before the call (the user optimizer's own state, e.g. momentum, is not restored); a
+  /// local step's error fails the Engine on every rank.
   void step(const execution_space& exec, const std::vector<Param>& grads, const std::function<void()>& local_step,
             double max_grad_norm = 0) {
     if (max_grad_norm > 0) clip_grad_norm(exec, grads, max_grad_norm);
     for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, piece(start_, k), params_[k]);
+    bool reducing = false;
     try {
       local_step();
       for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -103,8 +107,11 @@ class DeltaOptimizer {
             "kdist::adasum::delta", Kokkos::RangePolicy<execution_space>(exec, 0, p.extent(0)),
             KOKKOS_LAMBDA(const std::size_t i) { d(i) = p(i) - s(i); });
       }
+      reducing = true;
       allreduce(exec, engine_, delta_, bounds_, labels_, topology_).wait();
     } catch (...) {
+      // The peers may be in the all-reduce already: tell them (the all-reduce's errors are agreed).
+      if (!reducing) engine_.fail(std::current_exception());
       // Each rank holds its own local step here; left in place, the ranks would diverge (and a
       // non-finite rank would keep its NaNs). Back to the snapshot, which every rank shares.
       for (std::size_t k = 0; k < params_.size(); ++k) Kokkos::deep_copy(exec, params_[k], piece(start_, k));

@@ -65,6 +65,8 @@ std::uint64_t Layout::hash() const {
   impl::Hasher h;
   h.bytes(bounds.data(), bounds.size() * sizeof(std::size_t));  // the length goes in first
   for (const auto& l : labels) h.text(l);
+  // A flat tensor and a packed symmetric one of the same size would sum alike but not Adasum alike.
+  if (!symmetric.empty()) h.bytes(symmetric.data(), symmetric.size() * sizeof(std::size_t));
   return static_cast<std::uint64_t>(h.value()) | 1;  // never 0: 0 means "no layout"
 }
 
@@ -79,6 +81,7 @@ std::string Layout::summary() const {
     }
     os << (t ? " " : "") << bounds[t + 1] - bounds[t];
     if (t < labels.size()) os << ":" << labels[t];
+    if (std::find(symmetric.begin(), symmetric.end(), t) != symmetric.end()) os << "(packed)";
   }
   os << "]";
   return os.str();
@@ -185,6 +188,22 @@ bool post_or_fail(EngineCore& c, Operation& op, Schedule::Step& s) {
   return false;
 }
 
+// Tests the step's requests; false (the Engine failed everywhere) when MPI reports an error in
+// them, e.g. a receive truncated by a longer send: the peers would otherwise wait for ever.
+bool test_or_fail(EngineCore& c, Operation& op, int& done) {
+  done = 1;
+  if (op.requests.empty()) return true;
+  try {
+    c.ok(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &done, MPI_STATUSES_IGNORE),
+         "MPI_Testall");
+    return true;
+  } catch (const std::exception& e) {
+    const std::string text = "error in " + op.describe() + " on rank " + std::to_string(c.rank) + ": " + e.what();
+    c.fail_everywhere(std::make_exception_ptr(BackendError("kdist::comm: " + text)), text);
+  }
+  return false;
+}
+
 void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (op.finished()) return;
   if (op.state == State::checking) {
@@ -206,9 +225,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
       run_overlap_work(c, op, s);
     }
     int done = 1;
-    if (!op.requests.empty())
-      c.ok(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &done, MPI_STATUSES_IGNORE),
-           "MPI_Testall");
+    if (!test_or_fail(c, op, done)) return;
 #if KDIST_ENABLE_NCCL
     if (op.nccl_done) {
       if (!op.nccl_done->done()) break;
@@ -225,10 +242,22 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   if (!op.finished()) earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
 }
 
-// A failed operation's check may still wait for a peer that stopped: cancel its receive, and keep
-// the operation alive while its send is in flight.
-void abandon_check(const std::shared_ptr<Operation>& op) {
-  if (op->check.abandon()) impl::graveyard().push_back(op);
+// Whether MPI or NCCL may still read or write the buffers of the step op stopped in.
+bool transfers_in_flight(const Operation& op) {
+  for (MPI_Request r : op.requests)
+    if (r != MPI_REQUEST_NULL) return true;
+#if KDIST_ENABLE_NCCL
+  if (op.nccl_done) return true;
+#endif
+  return false;
+}
+
+// A finished operation leaves the queue. A failed one may still have a check waiting for a peer
+// that stopped (its receive is cancelled) or payload transfers posted (a peer's matching send can
+// still arrive): it stays alive, with the buffers its schedule holds, while MPI may use them.
+void retire(const std::shared_ptr<Operation>& op) {
+  const bool check_in_flight = op->check.abandon();
+  if (check_in_flight || (op->state == State::failed && transfers_in_flight(*op))) impl::graveyard().push_back(op);
 }
 
 void progress_core(EngineCore& c) {
@@ -237,13 +266,17 @@ void progress_core(EngineCore& c) {
   for (std::size_t i = 0; i < c.inflight.size(); ++i) {
     Operation& op = *c.inflight[i];
     // Signatures are judged in submission order, so every rank raises a mismatch at the same
-    // operation even when a later check completes first.
-    if (op.state == State::checking && earlier_checking) break;
+    // operation even when a later check completes first. Operations behind it that need no
+    // check (point-to-point) still move: a peer may wait for them before it submits the checks.
+    if (op.state == State::checking && earlier_checking) {
+      earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
+      continue;
+    }
     advance(c, op, earlier_collectives_pending);
     earlier_checking = earlier_checking || op.state == State::checking;
   }
   while (!c.inflight.empty() && c.inflight.front()->finished()) {
-    abandon_check(c.inflight.front());
+    retire(c.inflight.front());
     c.inflight.pop_front();
   }
 }
@@ -263,6 +296,23 @@ void wait_op(EngineCore& c, Operation& op) {
     }
   }
   if (op.state == State::failed) std::rethrow_exception(op.error);
+}
+
+// Composite k uses tag block 1 + k mod (tag_blocks - 1) (block 0: user send/recv). Two operations
+// on one block exchange messages with the same peers and tags, and later steps post in whatever
+// order the operations progress: a block is reused only once the operation that held it finished
+// (every rank waits for the same one). With MPI_TAG_UB at MPI's minimum, 32767, that is every 7th.
+int take_tag_block(EngineCore& c, const std::shared_ptr<Operation>& op) {
+  const auto block = static_cast<std::size_t>(1 + c.next_composite++ % (c.tag_blocks - 1));
+  if (const auto holder = c.block_holders[block].lock()) {
+    try {
+      wait_op(c, *holder);
+    } catch (...) {  // its failure is the Engine's: raised below for this operation
+    }
+    if (c.poisoned) std::rethrow_exception(c.poisoned);
+  }
+  c.block_holders[block] = op;
+  return static_cast<int>(block) * Schedule::kMaxTag;
 }
 
 void wait_all_core(EngineCore& c) {
@@ -287,7 +337,7 @@ void shutdown(EngineCore& c) {
   const double until = impl::now() + 1.0;
   while (!c.ctrl_out.empty() && impl::now() < until) c.reap_ctrl_sends();
   for (auto& op : c.inflight)
-    if (op->check.abandon() || !op->requests.empty()) impl::graveyard().push_back(op);
+    if (op->check.abandon() || transfers_in_flight(*op)) impl::graveyard().push_back(op);
   c.inflight.clear();
 }
 
@@ -305,6 +355,12 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
     c.options.stall_timeout_seconds = impl::env_or("KDIST_STALL_TIMEOUT_SECONDS", 0.0);
   c.rank = rank_ = comm.rank();
   c.size = size_ = comm.size();
+  // Checked before any collective: a rank that throws here leaves the others in none.
+  if (options.tag_limit != 0 && options.tag_limit < 2 * Schedule::kMaxTag - 1)
+    kdist::impl::throw_invalid("kdist::comm::Engine", "tag_limit " + std::to_string(options.tag_limit) + " is below " +
+                                                          std::to_string(2 * Schedule::kMaxTag - 1) +
+                                                          " (two tag blocks of " + std::to_string(Schedule::kMaxTag) +
+                                                          ")");
   auto dup = [&](MPI_Comm* out, std::shared_ptr<MPI_Comm>* owner) {
     c.ok(MPI_Comm_dup(comm.raw(), out), "MPI_Comm_dup");
     *owner = Communicator::own(*out);
@@ -312,18 +368,22 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   dup(&c.payload, &c.payload_owner);
   dup(&c.p2p, &c.p2p_owner);
   dup(&c.check, &c.check_owner);
-  // Local identity only: groups made by this Engine carry it, and submit() checks it.
-  c.id = impl::g_next_engine_id.fetch_add(1);
-  long long local = static_cast<long long>(c.id);
-  c.ok(MPI_Allreduce(&local, &c.wire_id, 1, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
-  // Later Engines get larger ids on every rank, so no two Engines that coexist share a wire id.
-  for (std::uint64_t seen = impl::g_next_engine_id.load(); seen <= static_cast<std::uint64_t>(c.wire_id);)
-    impl::g_next_engine_id.compare_exchange_weak(seen, static_cast<std::uint64_t>(c.wire_id) + 1);
   void* attr = nullptr;
   int flag = 0;
   c.ok(MPI_Comm_get_attr(c.p2p, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr");
   const long long tag_ub = flag ? *static_cast<int*>(attr) : 32767;
-  c.tag_blocks = static_cast<int>(std::max(2LL, (tag_ub + 1) / Schedule::kMaxTag));
+  const long long limit = options.tag_limit ? std::min<long long>(options.tag_limit, tag_ub) : tag_ub;
+  // Local identity only: groups made by this Engine carry it, and submit() checks it.
+  c.id = impl::g_next_engine_id.fetch_add(1);
+  // One all-reduce: the wire id (the largest local id) and the tag blocks every rank can use.
+  long long local[2] = {static_cast<long long>(c.id), -std::max(2LL, (limit + 1) / Schedule::kMaxTag)}, agreed[2];
+  c.ok(MPI_Allreduce(local, agreed, 2, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  c.wire_id = agreed[0];
+  c.tag_blocks = static_cast<int>(-agreed[1]);
+  c.block_holders.resize(static_cast<std::size_t>(c.tag_blocks));
+  // Later Engines get larger ids on every rank, so no two Engines that coexist share a wire id.
+  for (std::uint64_t seen = impl::g_next_engine_id.load(); seen <= static_cast<std::uint64_t>(c.wire_id);)
+    impl::g_next_engine_id.compare_exchange_weak(seen, static_cast<std::uint64_t>(c.wire_id) + 1);
   c.node_of = comm.node_ids();  // which ranks share a node, once per Engine
 #if KDIST_ENABLE_NCCL
   c.nccl = nccl::bootstrap(c.payload);  // collective, like the constructor
@@ -428,7 +488,7 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
   const bool user_p2p = op->what.kind == OpKind::send || op->what.kind == OpKind::recv;
   if (!user_p2p) {
     op->seq = c.next_seq++;
-    op->tag_base = static_cast<int>(1 + c.next_composite++ % (c.tag_blocks - 1)) * Schedule::kMaxTag;
+    op->tag_base = take_tag_block(c, op);
     if (c.options.check_consistency || op->what.kind == OpKind::finish || op->what.kind == OpKind::split)
       impl::post_check(c, *op);
   }

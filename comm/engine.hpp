@@ -77,7 +77,7 @@ struct Layout {
   std::vector<std::string> labels;
   /// Tensors (indices into labels) held as the packed upper triangle of a symmetric matrix
   /// (FusedAllreducer): elementwise reductions do not care, Adasum's dot products would (each
-  /// off-diagonal entry stands for two). Not hashed: bounds and labels already tell them apart.
+  /// off-diagonal entry stands for two). Hashed, so every rank must pack the same tensors.
   std::vector<std::size_t> symmetric;
   bool empty() const noexcept { return bounds.empty(); }
   std::uint64_t hash() const;
@@ -148,6 +148,12 @@ struct EngineOptions {
   /// > 0: after waiting this long, raise StallError here and RemoteError on every other rank.
   /// Unset (< 0): KDIST_STALL_TIMEOUT_SECONDS, else 0 (never).
   double stall_timeout_seconds = -1.0;
+  /// > 0: the largest tag the Engine's composite schedules use (at least 2 * Schedule::kMaxTag -
+  /// 1, else InvalidArgument; at most MPI_TAG_UB), e.g. to leave the tags above it to the
+  /// application; 0: MPI_TAG_UB. The ranks use the smallest limit any of them asked for.
+  /// Composites take tag blocks of kMaxTag in turn; one whose block an unfinished operation
+  /// still holds first waits for it.
+  int tag_limit = 0;
 };
 
 struct EngineStats {
@@ -221,7 +227,10 @@ class Engine {
   Request allgather(const Exec& exec, const VIn& in, const VOut& out, std::string label = "allgather");
   /// Point-to-point (not checked: only two ranks take part); tags below Schedule::kMaxTag. A peer
   /// outside [0, size) (here or in a composite's transfers) is an InvalidArgument raised before
-  /// anything is posted; it fails the Engine, so the other ranks raise RemoteError, not hang.
+  /// anything is posted; it fails the Engine, so the other ranks raise RemoteError, not hang. An
+  /// error MPI reports in a posted transfer (a receive shorter than its send) fails the Engine
+  /// the same way, naming the operation, where MPI returns it (MPICH raises it on
+  /// MPI_COMM_WORLD's error handler: by default the job aborts with MPI's message).
   template <class Exec, class V>
   Request send(const Exec& exec, const V& v, int dest, int tag, std::string label = "send");
   template <class Exec, class V>

@@ -1,6 +1,8 @@
 #include <kdist/comm/outcome.hpp>
+#include <kdist/core/error.hpp>
 
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace kdist {
@@ -50,6 +52,19 @@ void agree_on_outcome(Engine& engine, std::exception_ptr error, const std::strin
   if (error) std::rethrow_exception(error);
   throw RemoteError(operation + ": rank " + std::to_string(first) + " failed: " + text + " (reported on rank " +
                     std::to_string(engine.rank()) + ")");
+}
+
+void agree_on_value(Engine& engine, std::int64_t value, const std::string& operation, const std::string& what) {
+  const auto range = engine.allreduce_values<std::int64_t>({value, -value}, ReduceOp::max, operation + ": " + what);
+  const std::int64_t high = range[0], low = -range[1];
+  if (low == high) return;
+  constexpr int none = std::numeric_limits<int>::max();
+  const int me = engine.rank();
+  const auto holders = engine.allreduce_values<int>({value == low ? me : none, value == high ? me : none},
+                                                    ReduceOp::min, operation + ": ranks with " + what);
+  kdist::impl::throw_invalid(operation, "ranks hold different " + what + ": rank " + std::to_string(holders[0]) +
+                                            " has " + std::to_string(low) + ", rank " + std::to_string(holders[1]) +
+                                            " " + std::to_string(high));
 }
 
 }  // namespace comm

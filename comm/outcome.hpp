@@ -17,6 +17,7 @@
 
 #include <kdist/comm/engine.hpp>
 
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -24,6 +25,13 @@ namespace kdist {
 namespace comm {
 
 void agree_on_outcome(Engine& engine, std::exception_ptr error, const std::string& operation);
+
+/// Collective and checked: returns when every rank passed the same `value` (one all-reduce of two
+/// numbers). Otherwise every rank throws the same InvalidArgument: "<operation>: ranks hold
+/// different <what>: rank a has <x>, rank b <y>" (the lowest ranks holding the smallest and the
+/// largest value). For state each rank read on its own, e.g. a file's checksum
+/// (StateReader::checksum): a node with a stale copy would otherwise train on another state.
+void agree_on_value(Engine& engine, std::int64_t value, const std::string& operation, const std::string& what);
 
 }  // namespace comm
 }  // namespace kdist

@@ -15,6 +15,7 @@
 // schedules are matched by their submission index, so tags never collide across operations.
 #pragma once
 
+#include <kdist/comm/communicator.hpp>
 #include <kdist/core/compat.hpp>
 #include <kdist/core/dtype.hpp>
 #include <kdist/core/error.hpp>
@@ -28,8 +29,6 @@
 
 namespace kdist {
 namespace comm {
-
-class Communicator;
 
 /// Element-wise reductions: average is the sum divided by the rank count.
 enum class ReduceOp { sum, average, min, max };
@@ -58,16 +57,17 @@ struct Buffer {
 };
 
 /// The ranks a collective step runs on: the whole Engine, or a sub-group from Engine::node_group() or
-/// Engine::cross_node_group().
+/// Engine::cross_node_group(). The group holds its own handle to the communicator, so a temporary
+/// (Group::of(engine.node_group())) lives as long as the step.
 class Group {
  public:
   static Group all() { return Group(); }
-  static Group of(const Communicator& sub) { return Group(&sub); }
-  const Communicator* sub() const noexcept { return sub_; }
+  static Group of(const Communicator& sub) { return Group(std::make_shared<const Communicator>(sub)); }
+  const Communicator* sub() const noexcept { return sub_.get(); }
 
  private:
-  Group(const Communicator* sub = nullptr) : sub_(sub) {}
-  const Communicator* sub_;
+  explicit Group(std::shared_ptr<const Communicator> sub = nullptr) : sub_(std::move(sub)) {}
+  std::shared_ptr<const Communicator> sub_;
 };
 
 class Schedule {

@@ -20,7 +20,7 @@ namespace {
 constexpr const char* kMagic = "KDIST-STATE\n";
 constexpr int kVersion = 1;
 
-unsigned long checksum(const char* data, std::size_t bytes) {
+unsigned long crc32_of(const char* data, std::size_t bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
   while (bytes > 0) {  // crc32 takes a uInt length
     const uInt chunk = static_cast<uInt>(std::min<std::size_t>(bytes, 1u << 30));
@@ -88,7 +88,7 @@ void StateWriter::add_bytes(const std::string& section, DType dtype, std::size_t
                              {"dtype", to_string(dtype)},
                              {"count", count},
                              {"offset", impl_->payload.size()},
-                             {"crc32", checksum(first, bytes)}});
+                             {"crc32", crc32_of(first, bytes)}});
   impl_->payload.append(first, bytes);
 }
 
@@ -101,7 +101,7 @@ std::string StateWriter::encode() const {
   } catch (const nlohmann::json::exception& e) {  // text that is not UTF-8
     impl::throw_invalid("kdist::StateWriter::encode", std::string("a field or section name is not UTF-8: ") + e.what());
   }
-  return std::string(kMagic) + std::to_string(text.size()) + " " + hex(checksum(text.data(), text.size())) + "\n" +
+  return std::string(kMagic) + std::to_string(text.size()) + " " + hex(crc32_of(text.data(), text.size())) + "\n" +
          text + impl_->payload;
 }
 
@@ -149,6 +149,7 @@ bool is_long_long(const nlohmann::json& value) {
 struct StateReader::Impl {
   std::string operation, path, all;
   std::size_t header_first = 0, payload_first = 0, fields_first = 0;
+  unsigned long header_crc = 0;
   nlohmann::json fields;
   struct Section {
     DType dtype;
@@ -195,7 +196,8 @@ void StateReader::Impl::parse_line() {
     damaged("header (" + byte_range(header_first, length) + ") runs past the end of the file at byte " +
             std::to_string(all.size()) + " (truncated)");
   payload_first = header_first + length;
-  if (hex(checksum(all.data() + header_first, length)) != line.substr(space + 1))
+  header_crc = crc32_of(all.data() + header_first, length);
+  if (hex(header_crc) != line.substr(space + 1))
     damaged("header (" + header_bytes() + "): checksum does not match " + line.substr(space + 1));
 }
 
@@ -257,7 +259,7 @@ void StateReader::Impl::parse_sections(const nlohmann::json& list) {
               ") runs past the end of the file at byte " + std::to_string(all.size()) + " (truncated)");
     }
     section.bytes = count * size_of(section.dtype);
-    if (checksum(all.data() + section.first, section.bytes) != crc)
+    if (crc32_of(all.data() + section.first, section.bytes) != crc)
       damaged("section '" + name + "' (" + byte_range(section.first, section.bytes) + "): checksum does not match");
     sections[name] = section;
     next = section.first + section.bytes;
@@ -296,6 +298,9 @@ StateReader::StateReader(StateReader&&) noexcept = default;
 
 const std::string& StateReader::path() const noexcept {
   return impl_->path;
+}
+unsigned long StateReader::checksum() const noexcept {
+  return impl_->header_crc;
 }
 bool StateReader::has(const std::string& field) const {
   return impl_->fields.contains(field);

@@ -65,6 +65,9 @@ class StateReader {
   StateReader& operator=(const StateReader&) = delete;
 
   const std::string& path() const noexcept;
+  /// The header's CRC-32. The header holds every field and every section's CRC, so it stands for
+  /// the whole file: ranks that read files with equal checksums read the same state.
+  unsigned long checksum() const noexcept;
   bool has(const std::string& field) const;
   long long integer(const std::string& field) const;
   double real(const std::string& field) const;

@@ -26,9 +26,11 @@
 // NaN/Inf in activations or output gradients, a factor not SPD after damping: the rank that finds
 // it throws (InvalidArgument, NonFiniteError, NumericalError naming the layer and the rank) and
 // fails the Engine, so every other rank raises comm::RemoteError at its next wait instead of
-// hanging. On steps that make no factor the hooks read nothing, so they check only their order.
-// The running factors and counters change only when a step completes; a step that throws leaves
-// the inverses it was making unspecified, and the next step makes them all again.
+// hanging; any other exception inside a hook or step() (std::bad_alloc, say) fails the Engine as
+// well before it leaves. On steps that make no factor the hooks read nothing, so they check only
+// their order. The running factors and counters change only when a step completes; a step that
+// throws leaves the inverses it was making unspecified. The Engine has failed by then, so the
+// run ends: restart from the last state saved (save() needs a healthy Engine).
 // save()/load() are collective; a state from another layer list or dtype, or a damaged one, is
 // refused on every rank naming the file, field and byte offset; a failed save leaves the previous
 // file intact. A state saved at another rank count is resumed with plans re-made for this one.
@@ -96,7 +98,8 @@ class Preconditioner {
   template <class XView>
   void on_forward(const execution_space& exec, int layer, const XView& activations);
   /// A Conv2d layer's forward hook from the im2col patches it formed for geometry g (as
-  /// kdist::im2col writes them, g.rows() x g.patch()) instead of its NCHW input: factor A
+  /// kdist::im2col writes them, g.rows() x g.patch(); for a layer with a bias also g.patch() + 1
+  /// columns, the last all ones, as nn::Conv2d passes them) instead of its NCHW input: factor A
   /// reuses them. g must be the layer's (channels, kernel, stride, padding).
   template <class PView>
   void on_forward(const execution_space& exec, int layer, const Conv2dGeometry& g, const PView& patches);
@@ -110,7 +113,8 @@ class Preconditioner {
   /// The state: running factors, inverses, counters, and the placement and fusion plan.
   /// save: collective; rank 0 writes `path` atomically (core/state_file.hpp), every rank learns
   /// whether it worked. load: collective; every rank reads `path` and checks all of it before
-  /// anything changes, and a failure anywhere raises on every rank. A state saved at another
+  /// anything changes, and a failure anywhere raises on every rank, as do copies that differ
+  /// between ranks (a stale file on one node: InvalidArgument naming two ranks). A state saved at another
   /// rank count is taken as it is, with this run's placement and split and a fresh fusion plan
   /// (describe() says so); at the same count its plans are kept and the run continues bit for
   /// bit. Both only between steps.
@@ -142,8 +146,9 @@ class Preconditioner {
   int a_index(int l) const noexcept { return l; }
   int g_index(int l) const noexcept { return factors() - 1 - l; }
   /// Factor f's running average, full symmetric: a copy (kdist keeps the upper triangle only).
+  /// f outside [0, factors()) is an InvalidArgument here (a local query: the Engine is not told).
   Matrix factor(int f) const;
-  const Matrix& inverse(int f) const { return factor_slot(f).inverse; }
+  const Matrix& inverse(int f) const { return checked_slot("kdist::kfac::Preconditioner::inverse", f).inverse; }
   comm::Engine& engine() noexcept { return engine_; }
 
  private:
@@ -155,6 +160,12 @@ class Preconditioner {
   LayerSlot& layer_slot(int l) { return layer_slots_[static_cast<std::size_t>(l)]; }
   const LayerSlot& layer_slot(int l) const { return layer_slots_[static_cast<std::size_t>(l)]; }
   const Layer& layer(int l) const { return layer_slot(l).layer; }
+  const FactorSlot& checked_slot(const char* func, int f) const {
+    if (f < 0 || f >= factors())
+      kdist::impl::throw_invalid(func, "factor " + std::to_string(f) + " of " + std::to_string(factors()) + " (rank " +
+                                           std::to_string(engine_.rank()) + ")");
+    return factor_slot(f);
+  }
   /// Raises InvalidArgument(message) here and on every rank, unless the message is empty.
   void require(const std::string& message) const {
     if (!message.empty()) raise(InvalidArgument(message));
@@ -167,6 +178,12 @@ class Preconditioner {
   [[noreturn]] void raise(const E& e) const {
     engine_.fail(e);
     throw e;
+  }
+  /// In a catch block: the exception being handled fails the Engine (the peers learn why), then
+  /// leaves as it is. Nothing happens to an Engine that has failed already.
+  [[noreturn]] void fail_and_rethrow() const {
+    engine_.fail(std::current_exception());
+    throw;
   }
   template <class XView>
   void compute_a(const execution_space& exec, int l, const XView& x, const Matrix& out, const FactorUpdate& update);
@@ -257,6 +274,8 @@ void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, cons
   } catch (const Error& e) {
     raise(InvalidArgument(std::string(e.what()) + " (kdist::kfac::on_forward, layer " + std::to_string(l) + " " +
                           layer(l).describe() + ", rank " + std::to_string(engine_.rank()) + ")"));
+  } catch (...) {
+    fail_and_rethrow();
   }
   accept_factor(exec, a_index(l), l);
   order_.advance_forward();
@@ -278,6 +297,8 @@ void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const
   } catch (const Error& e) {
     raise(InvalidArgument(std::string(e.what()) + " (kdist::kfac::on_backward, layer " + std::to_string(l) + " " +
                           layer(l).describe() + ", rank " + std::to_string(engine_.rank()) + ")"));
+  } catch (...) {
+    fail_and_rethrow();
   }
   accept_factor(exec, g_index(l), l);
   order_.advance_backward();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <kdist/core/im2col.hpp>
 #include <kdist/kfac/preconditioner.hpp>
 #include <vector>
 
@@ -257,15 +258,39 @@ std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step, int s
   return g;
 }
 
+/// Conv2d's forward hook as nn::Conv2d calls it: the im2col patches of its input, LayoutLeft, with
+/// the ones column appended for a layer with a bias.
 template <class T>
-void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int step) {
+void on_forward_from_patches(Preconditioner<T, TestMem>& kfac, int l, const Layer& L, const Device4<T>& x) {
+  TestExec exec;
+  const kdist::Conv2dGeometry g{static_cast<int>(x.extent(0)),
+                                L.in_channels(),
+                                static_cast<int>(x.extent(2)),
+                                static_cast<int>(x.extent(3)),
+                                L.kernel_h(),
+                                L.kernel_w(),
+                                L.stride(),
+                                L.padding()};
+  const int ones = L.bias() ? 1 : 0;
+  Kokkos::View<T**, Kokkos::LayoutLeft, TestMem> P("patches", g.rows(), g.patch() + ones);
+  kdist::im2col(exec, g, x, Kokkos::subview(P, Kokkos::ALL(), std::make_pair(0, g.patch())));
+  if (ones) Kokkos::deep_copy(exec, Kokkos::subview(P, Kokkos::ALL(), g.patch()), T(1));
+  kfac.on_forward(exec, l, g, P);
+}
+
+/// One step's hooks; `patches`: Conv2d layers get their input as im2col patches.
+template <class T>
+void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int step, bool patches = false) {
   TestExec exec;
   const int L = static_cast<int>(layers.size());
   for (int l = 0; l < L; ++l) {
-    if (layers[static_cast<std::size_t>(l)].kind() == LayerKind::dense)
-      kfac.on_forward(exec, l, dense_input<T>(layers[static_cast<std::size_t>(l)], step, l));
+    const Layer& layer = layers[static_cast<std::size_t>(l)];
+    if (layer.kind() == LayerKind::dense)
+      kfac.on_forward(exec, l, dense_input<T>(layer, step, l));
+    else if (patches)
+      on_forward_from_patches(kfac, l, layer, conv_input<T>(layer, step, l));
     else
-      kfac.on_forward(exec, l, conv_input<T>(layers[static_cast<std::size_t>(l)], step, l));
+      kfac.on_forward(exec, l, conv_input<T>(layer, step, l));
   }
   for (int l = L - 1; l >= 0; --l) {
     if (layers[static_cast<std::size_t>(l)].kind() == LayerKind::dense)
@@ -278,10 +303,10 @@ void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layer
 // Flattened [dW | db] per layer after each step.
 template <class T>
 std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
-                                       int steps, int salt = 0) {
+                                       int steps, int salt = 0, bool patches = false) {
   std::vector<std::vector<double>> out;
   for (int s = first; s < first + steps; ++s) {
-    run_hooks(kfac, layers, s);
+    run_hooks(kfac, layers, s, patches);
     auto g = gradients<T>(layers, s, salt);
     kfac.step(TestExec(), g);
     std::vector<double> flat;

@@ -5,8 +5,12 @@
 #include <kdist/adasum/delta_optimizer.hpp>
 #include <kdist/adasum/gradient_reduction.hpp>
 
+#include <chrono>
 #include <limits>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "adasum_reference.hpp"
 #include "test_space.hpp"
@@ -37,6 +41,24 @@ void sgd(const TestExec& exec, const std::vector<Param>& ps, const std::vector<P
         "test::sgd", Kokkos::RangePolicy<TestExec>(exec, 0, p.extent(0)),
         KOKKOS_LAMBDA(const std::size_t i) { p(i) -= lr * g(i); });
   }
+}
+/// One step of `fused`: tensor t is this rank's slice [bounds[t], bounds[t+1]) of `mine`, handed
+/// to ready() in order after pause(t); returns the tensors, reduced.
+template <class FA, class Pause>
+std::vector<typename FA::Vector> reduce_slices(FA& fused, const std::vector<typename FA::Tensor>& specs,
+                                               const std::vector<std::size_t>& bounds, const Vec& mine,
+                                               const Pause& pause) {
+  std::vector<typename FA::Vector> ts;
+  fused.begin();
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    ts.emplace_back(specs[t].label, specs[t].dim);
+    const std::size_t off = bounds[t];
+    kdist_test::fill(ts[t], [&mine, off](std::size_t i) { return mine[off + i]; });
+    pause(t);
+    fused.ready(TestExec(), static_cast<int>(t), ts[t]);
+  }
+  fused.wait(TestExec());
+  return ts;
 }
 /// Every parameter's values, concatenated, read through host mirrors.
 Vec concat(const std::vector<Param>& ps) {
@@ -133,6 +155,29 @@ TEST_CASE("delta optimizer: a failed all-reduce leaves every rank's parameters a
   CHECK(kdist_test::rel_l2(concat(ps), Vec{0.5, 0.0, -2.5, -0.25}) < 1e-14);
 }
 
+TEST_CASE("delta optimizer: a local step that throws on one rank fails every rank, parameters restored",
+          "[adasum][optimizer][reliability]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  const Vec w0{1.0, 0.5, -2.0};
+  std::vector<Param> ps{param("w", w0)}, gs{param("gw", Vec(3, 1.0))};
+  adasum::DeltaOptimizer<double, TestMem> opt(eng, ps);
+  // The last rank's optimizer fails after moving its parameters; the others are in the all-reduce
+  // by then (before, they waited there for ever).
+  const auto step = [&] {
+    sgd(TestExec(), ps, gs, 0.1);
+    if (me == P - 1) throw std::runtime_error("optimizer state lost");
+  };
+  if (me == P - 1)
+    REQUIRE_THROWS_WITH(opt.step(TestExec(), gs, step), "optimizer state lost");
+  else
+    REQUIRE_THROWS_WITH(opt.step(TestExec(), gs, step),
+                        Catch::Contains("rank " + std::to_string(P - 1)) && Catch::Contains("optimizer state lost"));
+  CHECK(concat(ps) == w0);
+  CHECK_FALSE(eng.healthy());
+}
+
 TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllreducer", "[adasum][fusion]") {
   kdist::comm::Communicator world(MPI_COMM_WORLD);
   kdist::comm::Engine eng(world);
@@ -146,16 +191,7 @@ TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllre
        {adasum::GradientReduction::sum, adasum::GradientReduction::average, adasum::GradientReduction::adasum}) {
     FA fused(eng, specs, adasum::make_reduction<double, TestMem>(mode));
     fused.set_plan(kdist::comm::plan_threshold({{240, 0}, {24, 0}, {400, 0}}, 300));
-    std::vector<FA::Vector> ts;
-    fused.begin();
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      ts.emplace_back(specs[t].label, specs[t].dim);
-      const Vec& mine = inputs[static_cast<std::size_t>(me)];
-      const std::size_t off = bounds[t];
-      kdist_test::fill(ts[t], [&mine, off](std::size_t i) { return mine[off + i]; });
-      fused.ready(TestExec(), static_cast<int>(t), ts[t]);
-    }
-    fused.wait(TestExec());
+    const auto ts = reduce_slices(fused, specs, bounds, inputs[static_cast<std::size_t>(me)], [](std::size_t) {});
     const Vec got = concat(ts);
     Vec want(83, 0.0);
     if (mode == adasum::GradientReduction::adasum) {
@@ -169,6 +205,35 @@ TEST_CASE("gradient reduction option: sum, average and Adasum through FusedAllre
     INFO("mode " << static_cast<int>(mode));
     CHECK(kdist_test::rel_l2(got, want) < 1e-13);
   }
+}
+
+// Eight Adasum groups in flight on an Engine with two tag blocks: the composites reuse each block
+// four times, and each waits for the one before it on its block, so no two exchange messages on
+// the same tags. The ranks reach the tensors at different times.
+TEST_CASE("Adasum through FusedAllreducer with more groups in flight than tag blocks", "[adasum][fusion]") {
+  kdist::comm::Communicator world(MPI_COMM_WORLD);
+  kdist::comm::EngineOptions few_tags;
+  few_tags.tag_limit = 3 * kdist::comm::Schedule::kMaxTag - 1;  // blocks 0 (send/recv), 1 and 2
+  kdist::comm::Engine eng(world, few_tags);
+  const int P = world.size(), me = world.rank();
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  std::vector<FA::Tensor> specs;
+  std::vector<std::size_t> bounds{0};
+  for (int t = 0; t < 8; ++t) {
+    specs.push_back({"t" + std::to_string(t), static_cast<std::size_t>(40 + 300 * (t % 3)), false});
+    bounds.push_back(bounds.back() + specs.back().dim);
+  }
+  std::vector<Vec> inputs;
+  for (int r = 0; r < P; ++r) inputs.push_back(random_vec(bounds.back(), 11 + r));
+  FA fused(eng, specs, adasum::make_reduction<double, TestMem>(adasum::GradientReduction::adasum));
+  fused.set_plan(kdist::comm::FusionPlan{{1, 2, 3, 4, 5, 6, 7, 8}});  // a group per tensor
+  const auto ts = reduce_slices(fused, specs, bounds, inputs[static_cast<std::size_t>(me)], [me](std::size_t t) {
+    if ((t + static_cast<std::size_t>(me)) % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  CHECK(kdist_test::rel_l2(concat(ts), kdist_test::adasum_tree(inputs, bounds)) < 1e-13);
+  kdist::comm::EngineOptions too_few;
+  too_few.tag_limit = 2 * kdist::comm::Schedule::kMaxTag - 2;
+  CHECK_THROWS_WITH(kdist::comm::Engine(world, too_few), Catch::Contains("tag_limit 8190 is below 8191"));
 }
 
 TEST_CASE("gradient reduction option: Adasum rejects symmetric (packed) tensors, sum takes them", "[adasum][fusion]") {

@@ -162,6 +162,21 @@ TEST_CASE("agree_on_outcome: every rank learns the lowest failing rank's reason;
                       Catch::Contains("'writing: outcome'") && Catch::Contains("'reading: outcome'"));
 }
 
+TEST_CASE("agree_on_value: equal values pass; different ones raise the same error on every rank", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  const int P = world.size(), me = world.rank();
+  CHECK_NOTHROW(kdist::comm::agree_on_value(eng, std::int64_t{0xdeadbeef}, "reading", "checksums"));
+  if (P < 2) return;
+  // The last rank holds the largest value, ranks 0 .. P-2 one smaller (rank 0 is named).
+  const std::int64_t mine = me == P - 1 ? 7 : 5;
+  REQUIRE_THROWS_MATCHES(kdist::comm::agree_on_value(eng, mine, "reading", "checksums"), kdist::InvalidArgument,
+                         Catch::Matchers::Message("reading: ranks hold different checksums: rank 0 has 5, rank " +
+                                                  std::to_string(P - 1) + " 7"));
+  CHECK(eng.healthy());
+  CHECK(eng.allreduce_values<int>({1}, ReduceOp::sum, "after")[0] == P);
+}
+
 TEST_CASE("Engine::shares_node agrees with the shared-memory node communicator", "[comm][engine]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);

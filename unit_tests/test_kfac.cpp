@@ -21,6 +21,7 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
   struct Variant {
     const char* name;
     Options options;
+    bool patches = false;  ///< Conv2d's forward hook from im2col patches (nn::Conv2d's call)
   };
   std::vector<Variant> variants;
   for (Strategy s : {Strategy::spd, Strategy::mpdkfac, Strategy::dkfac}) {
@@ -67,13 +68,14 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     o.inverse_every = 3;
     variants.push_back({"optimal placement, eigen, clipped, k1 = 2, k2 = 3", o});
   }
+  variants.push_back({"Conv2d hooked with im2col patches and their ones column", base_options(), true});
   for (const auto& v : variants) {
     INFO(v.name << " on " << world_size() << " ranks");
     comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, v.options);
     const auto& owner = kfac.placement().owner;
     if (!v.options.cost_models.empty() && world_size() > 1) CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
-    const auto got = train(kfac, layers, 0, steps);
+    const auto got = train(kfac, layers, 0, steps, 0, v.patches);
     std::vector<std::vector<double>> want_factors;
     const auto want = reference(layers, v.options, steps, &want_factors);
     for (int s = 0; s < steps; ++s) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -359,16 +360,25 @@ TEST_CASE("kfac: a failed save leaves the previous file intact and every rank le
   if (world_rank() == 0) ::rmdir(tmp.c_str()), std::remove(path.c_str());
 }
 
+namespace {
+/// One run under base_options(), its state saved after each (steps, path) in turn.
+void save_states(const std::vector<Layer>& layers, const std::vector<std::pair<int, std::string>>& saves) {
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> run(engine, layers, base_options());
+  int done = 0;
+  for (const auto& [steps, path] : saves) {
+    train(run, layers, done, steps - done);
+    done = steps;
+    run.save(path);
+  }
+}
+}  // namespace
+
 TEST_CASE("kfac: a load that fails on one rank fails on every rank with that rank's reason, nothing changed",
           "[kfac]") {
   const auto layers = network();
   const std::string good = "test_kfac_state_partial.bin", missing = "test_kfac_state_missing.bin";
-  {
-    comm::Engine saving_engine{comm::Communicator(MPI_COMM_WORLD)};
-    Preconditioner<double, TestMem> saved(saving_engine, layers, base_options());
-    train(saved, layers, 0, 2);
-    saved.save(good);
-  }
+  save_states(layers, {{2, good}});
   comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
   Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
   const int last = world_size() - 1;  // the rank whose node lacks the file
@@ -380,6 +390,29 @@ TEST_CASE("kfac: a load that fails on one rank fails on every rank with that ran
   CHECK(kfac.steps() == 2);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(good.c_str());
+}
+
+TEST_CASE("kfac: ranks that read different states are refused on every rank, nothing changed", "[kfac]") {
+  const auto layers = network();
+  const std::string at2 = "test_kfac_state_at2.bin", at4 = "test_kfac_state_at4.bin";
+  save_states(layers, {{2, at2}, {4, at4}});
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
+  const int last = world_size() - 1;  // the rank whose node holds a stale copy
+  const std::string m = message_of([&] { kfac.load(world_rank() == last ? at2 : at4); });
+  if (world_size() > 1)
+    CHECK_THAT(m, Catch::Contains("kdist::kfac::Preconditioner::load: ranks hold different K-FAC states") &&
+                      Catch::Contains("rank " + std::to_string(last)));
+  else
+    CHECK(m.empty());
+  CHECK(kfac.steps() == (world_size() > 1 ? 0 : 2));
+  kfac.load(at4);  // the Engine is still usable
+  CHECK(kfac.steps() == 4);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    std::remove(at2.c_str());
+    std::remove(at4.c_str());
+  }
 }
 
 TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-comm]") {
@@ -404,6 +437,22 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     comm::Engine kfac_engine{world};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
     CHECK_THROWS_WITH(kfac.on_forward(exec, 3, dense_input<double>(layers[1], 0, 1)), Catch::Contains("layer 3"));
+  }
+  SECTION("a factor index out of range: a local InvalidArgument, the Engine healthy") {
+    comm::Engine kfac_engine{world};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
+    for (int f : {-1, kfac.factors()}) {
+      CHECK_THROWS_WITH(kfac.factor(f),
+                        Catch::Contains("Preconditioner::factor: factor " + std::to_string(f) + " of 6"));
+      CHECK_THROWS_WITH(kfac.inverse(f), Catch::Contains("Preconditioner::inverse: factor " + std::to_string(f)));
+    }
+    CHECK(kfac_engine.healthy());
+  }
+  SECTION("a layer whose A factor's dimension passes int") {
+    CHECK_THROWS_WITH(kfac::Conv2d(65536, 8, 256, 256), Catch::Contains("dimension 4294967297 exceeds int"));
+    CHECK_THROWS_WITH(kfac::Dense(INT_MAX, 1, true), Catch::Contains("dimension 2147483648 exceeds int"));
+    CHECK(kfac::Dense(INT_MAX, 1, false).a_dim() == INT_MAX);
+    CHECK(kfac::Conv2d(1, 1, 3, 3, 1, INT_MAX / 2 + 1).out_h(1) == INT_MAX);  // 1 + 2 padding passes int
   }
   // A rank that fails first tells the others, which may then raise RemoteError carrying its
   // message before they reach the same check themselves: either way the message is there.

@@ -128,6 +128,20 @@ TEST_CASE("FusedAllreducer with tensors registered in a different order is caugh
     auto x = filled("x", swap ? 6 : 10, 1.0), y = filled("y", swap ? 10 : 6, 2.0);
     REQUIRE_THROWS_AS(reduce_two(fused, x, y), MismatchError);
   }
+  SECTION("a packed symmetric tensor against a flat one of its size") {
+    Engine eng(world);
+    FA fused(eng, {{"F", swap ? 6u : 3u, !swap}}, FA::sum());
+    fused.begin();
+    const auto reduce = [&] {
+      if (swap)
+        fused.ready(TestExec(), 0, filled("F", 6, 1.0));
+      else
+        fused.ready(TestExec(), 0, FA::Symmetric("F", 3, 3));
+      fused.wait(TestExec());
+    };
+    REQUIRE_THROWS_WITH(reduce(),
+                        Catch::Contains("layout=1 tensors [6:F(packed)]") && Catch::Contains("layout=1 tensors [6:F]"));
+  }
 }
 
 TEST_CASE("Adasum with different tensor boundaries or counts on different ranks is a MismatchError",
@@ -254,6 +268,97 @@ TEST_CASE("a throw between two collective steps fails every rank, the second ste
     }
   }
   CHECK(named);
+}
+
+// A receive posted when the Engine fails can still be matched by a peer's late send: the failed
+// operation, with the buffers its schedule holds, outlives its Request and the queue. Before, it
+// was dropped at the next progress() and the view freed under the posted MPI_Irecv.
+TEST_CASE("a failed operation with its receive posted keeps the buffer alive", "[reliability][engine][leaks-comm]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  auto v = filled("late", 4, 0.0);
+  Engine eng(world);
+  if (me == 0) {
+    const long before = v.use_count();
+    {
+      auto r = eng.recv(TestExec(), v, 1, 3, "late");
+      eng.fail(std::runtime_error("gave up waiting"));
+      CHECK_THROWS_AS(r.wait(), std::exception);
+      eng.progress();  // the failed operation leaves the queue
+      CHECK(eng.in_flight() == 0);
+    }
+    CHECK(v.use_count() > before);  // held for the receive MPI may still complete
+  } else {
+    CHECK_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "after the failure").wait(), RemoteError);
+  }
+}
+
+// MPI reports a receive shorter than its send (MPI_ERR_TRUNCATE) while the Engine tests the
+// request: that fails the Engine everywhere, naming the operation, instead of escaping from
+// whichever call progressed it with the peers left waiting. MPICH raises MPI_Testall's errors on
+// MPI_COMM_WORLD's handler (MPI 4 allows MPI_COMM_SELF's): with the default, the job aborts with
+// MPI's message; returned, as here, the Engine reports them.
+TEST_CASE("a receive shorter than its send fails every rank, naming the operation", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  struct ErrorsReturned {
+    ErrorsReturned() {
+      for (MPI_Comm c : {MPI_COMM_WORLD, MPI_COMM_SELF}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    }
+    ~ErrorsReturned() {
+      for (MPI_Comm c : {MPI_COMM_WORLD, MPI_COMM_SELF}) MPI_Comm_set_errhandler(c, MPI_ERRORS_ARE_FATAL);
+    }
+  } returned;
+  Engine eng(world);
+  if (me == 0) {
+    auto v = filled("short", 4, 0.0);
+    std::string what;
+    try {
+      eng.recv(TestExec(), v, 1, 5, "short").wait();
+    } catch (const kdist::BackendError& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Catch::Contains("recv 'short'") && Catch::Contains("on rank 0"));
+  } else if (me == 1) {
+    eng.send(TestExec(), filled("long", 8, 1.0), 0, 5, "long").wait();
+  }
+  auto x = filled("after", 2, 1.0);
+  if (me != 0)
+    REQUIRE_THROWS_MATCHES(
+        eng.allreduce(TestExec(), x, ReduceOp::sum, "after").wait(), RemoteError,
+        Catch::Matchers::Predicate<RemoteError>(
+            [](const RemoteError& e) { return std::string(e.what()).find("recv 'short'") != std::string::npos; },
+            "names the failed receive"));
+  CHECK_FALSE(eng.healthy());
+}
+
+// A receive submitted behind two collectives still in their checks is posted at once: the peer
+// sends (above the eager limit, so its send waits for the receive) before it submits them.
+// Before, progress stopped at the second pending check and both ranks waited for ever.
+TEST_CASE("a receive behind two pending checks is posted; the peer's send completes first", "[reliability][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  Engine eng(world);
+  auto x = filled("x", 4, 1.0), y = filled("y", 4, 2.0);
+  const std::size_t n = std::size_t(1) << 18;  // 2 MiB
+  if (me == 0) {
+    auto rx = eng.allreduce(TestExec(), x, ReduceOp::sum, "x");
+    auto ry = eng.allreduce(TestExec(), y, ReduceOp::sum, "y");
+    auto v = filled("in", n, 0.0);
+    eng.recv(TestExec(), v, 1, 9, "big").wait();
+    CHECK(first(v) == 7.0);
+    rx.wait();
+    ry.wait();
+  } else {
+    if (me == 1) eng.send(TestExec(), filled("out", n, 7.0), 0, 9, "big").wait();
+    eng.allreduce(TestExec(), x, ReduceOp::sum, "x").wait();
+    eng.allreduce(TestExec(), y, ReduceOp::sum, "y").wait();
+  }
+  CHECK(first(x) == P);
+  CHECK(first(y) == 2.0 * P);
 }
 
 // Issue 29 item 3: an application error (outside any Engine call) reported with fail() reaches the

@@ -336,15 +336,19 @@ TEST_CASE("a state file's bytes follow the documented layout", "[core][state_fil
   Scratch scratch;
   const std::string path = scratch.file("hand.state");
   const std::string payload = "abcd";
-  write_all(path, frame(R"({"fields":{"x":5},"kind":"sample","sections":[{"name":"raw","dtype":"int32","count":1,)"
-                        R"("offset":0,"crc32":)" +
-                            std::to_string(zlib_crc(payload)) + R"(}],"version":1})",
-                        payload));
+  const std::string hand_header = R"({"fields":{"x":5},"kind":"sample","sections":[{"name":"raw","dtype":"int32",)"
+                                  R"("count":1,"offset":0,"crc32":)";
+  write_all(path, frame(hand_header + std::to_string(zlib_crc(payload)) + R"(}],"version":1})", payload));
   kdist::StateReader r(path, "sample", kOp);
   CHECK(r.integer("x") == 5);
   std::int32_t raw = 0;
   r.read("raw", &raw, 1);
   CHECK(std::memcmp(&raw, "abcd", 4) == 0);
+
+  // The checksum is the header's CRC, which covers each section's: another payload changes it.
+  CHECK(r.checksum() == zlib_crc(hand_header + std::to_string(zlib_crc(payload)) + R"(}],"version":1})"));
+  write_all(path, frame(hand_header + std::to_string(zlib_crc("abce")) + R"(}],"version":1})", "abce"));
+  CHECK(kdist::StateReader(path, "sample", kOp).checksum() != r.checksum());
 }
 
 TEST_CASE("StateReader refuses a missing field or a field of another type", "[core][state_file]") {

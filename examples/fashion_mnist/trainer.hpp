@@ -22,6 +22,7 @@
 
 #include <kdist/adasum/delta_optimizer.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
+#include <kdist/comm/outcome.hpp>
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/kfac/preconditioner.hpp>
 #include <kdist/nn/batches.hpp>

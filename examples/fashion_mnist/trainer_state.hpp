@@ -55,6 +55,9 @@ inline void Trainer::save(const Position& at) {
 // Everything is read and checked first (the job's fields, every section's size, the K-FAC
 // state), then written back: a refused checkpoint leaves the model as it was.
 inline Position Trainer::resume(const kdist::StateReader& saved) {
+  // Every rank read its own copy: one left stale on some node would train from another state.
+  comm::agree_on_value(grads_, static_cast<std::int64_t>(saved.checksum()), "fashion_mnist --resume",
+                       "checkpoints (checksums of the files read)");
   const Position at = read_job_fields(saved, s_);
   const auto names = parameter_names();
   std::vector<Flat> values;

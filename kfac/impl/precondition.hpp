@@ -68,9 +68,10 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
 // the fusion's packing and the inverses, reads no more), so a caller gets a mirrored copy.
 template <class T, class M>
 typename Preconditioner<T, M>::Matrix Preconditioner<T, M>::factor(int f) const {
-  const Matrix& running = factor_slot(f).running;
-  Matrix full(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::factor_" + factor_slot(f).label),
-              running.extent(0), running.extent(1));
+  const FactorSlot& slot = checked_slot("kdist::kfac::Preconditioner::factor", f);
+  const Matrix& running = slot.running;
+  Matrix full(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::factor_" + slot.label), running.extent(0),
+              running.extent(1));
   const execution_space exec;
   Kokkos::deep_copy(exec, full, running);
   mirror_upper_to_lower(exec, full);
@@ -150,7 +151,7 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
   } catch (...) {  // the last completed step's factors; inverses half made are made again next time
     if (factor_step) swap_running_and_pending();
     if (inverse_step) have_inverses_ = false;
-    throw;
+    fail_and_rethrow();  // e.g. std::bad_alloc: the peers would wait for this rank's broadcasts
   }
   if (inverse_step) {
     have_inverses_ = true;
@@ -209,6 +210,9 @@ void Preconditioner<T, M>::invert(const execution_space& exec, int f) {
     raise(NumericalError(
         e.operation() + " on K-FAC factor " + slot.label + " (rank " + std::to_string(engine_.rank()) + ")", e.dim(),
         e.damping(), e.info(), e.reason()));
+  } catch (const InvalidArgument& e) {  // e.g. a workspace past LAPACK's int: on a CT owner alone
+    raise(InvalidArgument(std::string(e.what()) + " (K-FAC factor " + slot.label + ", rank " +
+                          std::to_string(engine_.rank()) + ")"));
   }
   stats_.inverse_compute += phase_end(exec, t0);
 }

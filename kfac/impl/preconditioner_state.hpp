@@ -134,12 +134,18 @@ void Preconditioner<T, M>::load(const std::string& path) {
   require_between_steps("load");
   std::exception_ptr error;
   Restore staged;
+  std::int64_t checksum = 0;
   try {
-    staged = stage(StateReader(path, kStateKind, "kdist::kfac::Preconditioner::load"), "");
+    const StateReader in(path, kStateKind, "kdist::kfac::Preconditioner::load");
+    checksum = static_cast<std::int64_t>(in.checksum());
+    staged = stage(in, "");
   } catch (...) {
     error = std::current_exception();
   }
   comm::agree_on_outcome(engine_, error, "kdist::kfac::Preconditioner::load");
+  // Each rank read its own copy: a stale one on some node would precondition with other factors.
+  comm::agree_on_value(engine_, checksum, "kdist::kfac::Preconditioner::load",
+                       "K-FAC states (checksums of the files read)");
   commit(std::move(staged));
 }
 
