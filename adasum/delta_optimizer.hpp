@@ -11,10 +11,11 @@
 //
 // Errors: when the local step or the all-reduce throws, step() puts every parameter back to its
 // value before the step, then rethrows: no rank keeps its own local step, so the ranks stay
-// identical. The restore is complete when the exception arrives. An error of the all-reduce
-// (NonFiniteError, which every rank raises alike) leaves the Engine usable: the caller may skip the
-// batch and go on. An error of the local step is this rank's alone: it fails the Engine
-// (Engine::fail), so the peers, waiting in the all-reduce, raise RemoteError naming it, not hang.
+// identical. The restore is complete when the exception arrives. A NonFiniteError of the
+// all-reduce (every rank raises it alike) leaves the Engine usable: the caller may skip the batch
+// and go on. An error before the all-reduce is submitted (the local step's) is this rank's alone:
+// it fails the Engine (Engine::fail), so the peers, waiting in the all-reduce, raise RemoteError
+// naming it, not hang.
 #pragma once
 
 #include <kdist/adasum/allreduce.hpp>
@@ -107,8 +108,9 @@ class DeltaOptimizer {
             "kdist::adasum::delta", Kokkos::RangePolicy<execution_space>(exec, 0, p.extent(0)),
             KOKKOS_LAMBDA(const std::size_t i) { d(i) = p(i) - s(i); });
       }
-      reducing = true;
-      allreduce(exec, engine_, delta_, bounds_, labels_, topology_).wait();
+      auto reduction = allreduce(exec, engine_, delta_, bounds_, labels_, topology_);
+      reducing = true;  // submitted on every rank: its errors reach every rank
+      reduction.wait();
     } catch (...) {
       // The peers may be in the all-reduce already: tell them (the all-reduce's errors are agreed).
       if (!reducing) engine_.fail(std::current_exception());

@@ -188,6 +188,19 @@ bool post_or_fail(EngineCore& c, Operation& op, Schedule::Step& s) {
   return false;
 }
 
+// Composite k takes tag block 1 + k mod (tag_blocks - 1) (block 0: user send/recv). Two operations
+// on one block would exchange messages with the same peers and tags, and their steps post in
+// whatever order they progress: an operation posts its transfers only once every earlier one on
+// its block that has transfers is finished (the same earlier ones on every rank). Submitting never
+// waits. MPI_TAG_UB at MPI's minimum, 32767, gives 7 blocks.
+bool tag_block_busy(const EngineCore& c, const Operation& op) {
+  for (const auto& earlier : c.inflight) {
+    if (earlier.get() == &op) return false;
+    if (earlier->uses_tags && earlier->tag_base == op.tag_base && !earlier->finished()) return true;
+  }
+  return false;
+}
+
 // Tests the step's requests; false (the Engine failed everywhere) when MPI reports an error in
 // them, e.g. a receive truncated by a longer send: the peers would otherwise wait for ever.
 bool test_or_fail(EngineCore& c, Operation& op, int& done) {
@@ -218,6 +231,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
+      if (!s.transfers.empty() && tag_block_busy(c, op)) break;
       // A step posted in part (or not at all) leaves its peers waiting for the rest: an error here
       // fails the Engine everywhere, like any other failure, instead of escaping from whichever
       // call happened to progress it with the operation still in flight.
@@ -298,23 +312,6 @@ void wait_op(EngineCore& c, Operation& op) {
   if (op.state == State::failed) std::rethrow_exception(op.error);
 }
 
-// Composite k uses tag block 1 + k mod (tag_blocks - 1) (block 0: user send/recv). Two operations
-// on one block exchange messages with the same peers and tags, and later steps post in whatever
-// order the operations progress: a block is reused only once the operation that held it finished
-// (every rank waits for the same one). With MPI_TAG_UB at MPI's minimum, 32767, that is every 7th.
-int take_tag_block(EngineCore& c, const std::shared_ptr<Operation>& op) {
-  const auto block = static_cast<std::size_t>(1 + c.next_composite++ % (c.tag_blocks - 1));
-  if (const auto holder = c.block_holders[block].lock()) {
-    try {
-      wait_op(c, *holder);
-    } catch (...) {  // its failure is the Engine's: raised below for this operation
-    }
-    if (c.poisoned) std::rethrow_exception(c.poisoned);
-  }
-  c.block_holders[block] = op;
-  return static_cast<int>(block) * Schedule::kMaxTag;
-}
-
 void wait_all_core(EngineCore& c) {
   while (!c.inflight.empty()) {
     auto op = c.inflight.front();
@@ -355,12 +352,6 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
     c.options.stall_timeout_seconds = impl::env_or("KDIST_STALL_TIMEOUT_SECONDS", 0.0);
   c.rank = rank_ = comm.rank();
   c.size = size_ = comm.size();
-  // Checked before any collective: a rank that throws here leaves the others in none.
-  if (options.tag_limit != 0 && options.tag_limit < 2 * Schedule::kMaxTag - 1)
-    kdist::impl::throw_invalid("kdist::comm::Engine", "tag_limit " + std::to_string(options.tag_limit) + " is below " +
-                                                          std::to_string(2 * Schedule::kMaxTag - 1) +
-                                                          " (two tag blocks of " + std::to_string(Schedule::kMaxTag) +
-                                                          ")");
   auto dup = [&](MPI_Comm* out, std::shared_ptr<MPI_Comm>* owner) {
     c.ok(MPI_Comm_dup(comm.raw(), out), "MPI_Comm_dup");
     *owner = Communicator::own(*out);
@@ -373,14 +364,22 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   c.ok(MPI_Comm_get_attr(c.p2p, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr");
   const long long tag_ub = flag ? *static_cast<int*>(attr) : 32767;
   const long long limit = options.tag_limit ? std::min<long long>(options.tag_limit, tag_ub) : tag_ub;
+  const bool bad_limit = options.tag_limit != 0 && options.tag_limit < 2 * Schedule::kMaxTag - 1;
   // Local identity only: groups made by this Engine carry it, and submit() checks it.
   c.id = impl::g_next_engine_id.fetch_add(1);
-  // One all-reduce: the wire id (the largest local id) and the tag blocks every rank can use.
-  long long local[2] = {static_cast<long long>(c.id), -std::max(2LL, (limit + 1) / Schedule::kMaxTag)}, agreed[2];
-  c.ok(MPI_Allreduce(local, agreed, 2, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  // One all-reduce: the wire id (the largest local id), the tag blocks every rank can use, and
+  // whether any rank asked for too few (then every rank throws here, none waits in a collective).
+  long long local[3] = {static_cast<long long>(c.id), -std::max(2LL, (limit + 1) / Schedule::kMaxTag),
+                        bad_limit ? 1LL : 0LL},
+            agreed[3];
+  c.ok(MPI_Allreduce(local, agreed, 3, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  if (agreed[2] != 0)
+    kdist::impl::throw_invalid("kdist::comm::Engine", "a rank's EngineOptions::tag_limit is below " +
+                                                          std::to_string(2 * Schedule::kMaxTag - 1) +
+                                                          " (two tag blocks of " + std::to_string(Schedule::kMaxTag) +
+                                                          "); this rank's is " + std::to_string(options.tag_limit));
   c.wire_id = agreed[0];
   c.tag_blocks = static_cast<int>(-agreed[1]);
-  c.block_holders.resize(static_cast<std::size_t>(c.tag_blocks));
   // Later Engines get larger ids on every rank, so no two Engines that coexist share a wire id.
   for (std::uint64_t seen = impl::g_next_engine_id.load(); seen <= static_cast<std::uint64_t>(c.wire_id);)
     impl::g_next_engine_id.compare_exchange_weak(seen, static_cast<std::uint64_t>(c.wire_id) + 1);
@@ -488,7 +487,8 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
   const bool user_p2p = op->what.kind == OpKind::send || op->what.kind == OpKind::recv;
   if (!user_p2p) {
     op->seq = c.next_seq++;
-    op->tag_base = take_tag_block(c, op);
+    op->tag_base = static_cast<int>(1 + c.next_composite++ % (c.tag_blocks - 1)) * Schedule::kMaxTag;
+    for (const auto& step : op->schedule.steps()) op->uses_tags = op->uses_tags || !step.transfers.empty();
     if (c.options.check_consistency || op->what.kind == OpKind::finish || op->what.kind == OpKind::split)
       impl::post_check(c, *op);
   }

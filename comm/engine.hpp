@@ -148,11 +148,11 @@ struct EngineOptions {
   /// > 0: after waiting this long, raise StallError here and RemoteError on every other rank.
   /// Unset (< 0): KDIST_STALL_TIMEOUT_SECONDS, else 0 (never).
   double stall_timeout_seconds = -1.0;
-  /// > 0: the largest tag the Engine's composite schedules use (at least 2 * Schedule::kMaxTag -
-  /// 1, else InvalidArgument; at most MPI_TAG_UB), e.g. to leave the tags above it to the
-  /// application; 0: MPI_TAG_UB. The ranks use the smallest limit any of them asked for.
-  /// Composites take tag blocks of kMaxTag in turn; one whose block an unfinished operation
-  /// still holds first waits for it.
+  /// > 0: the largest tag the Engine's composite schedules use (at most MPI_TAG_UB; below
+  /// 2 * Schedule::kMaxTag - 1 on any rank, InvalidArgument on every rank), e.g. to leave the
+  /// tags above it to the application; 0: MPI_TAG_UB. The ranks use the smallest limit any asked
+  /// for. Composites take tag blocks of kMaxTag in turn; one posts its transfers only once the
+  /// earlier operations on its block have finished (submitting never waits).
   int tag_limit = 0;
 };
 

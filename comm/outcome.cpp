@@ -55,8 +55,9 @@ void agree_on_outcome(Engine& engine, std::exception_ptr error, const std::strin
 }
 
 void agree_on_value(Engine& engine, std::int64_t value, const std::string& operation, const std::string& what) {
-  const auto range = engine.allreduce_values<std::int64_t>({value, -value}, ReduceOp::max, operation + ": " + what);
-  const std::int64_t high = range[0], low = -range[1];
+  // min(v) = ~max(~v), defined for every int64 (unlike -v).
+  const auto range = engine.allreduce_values<std::int64_t>({value, ~value}, ReduceOp::max, operation + ": " + what);
+  const std::int64_t high = range[0], low = ~range[1];
   if (low == high) return;
   constexpr int none = std::numeric_limits<int>::max();
   const int me = engine.rank();

@@ -11,11 +11,15 @@ Layer::Layer(LayerKind kind, int in, int out, int kh, int kw, int stride, int pa
     : kind_(kind), in_(in), out_(out), kh_(kh), kw_(kw), stride_(stride), padding_(padding), bias_(bias) {
   if (in < 1 || out < 1 || kh < 1 || kw < 1 || stride < 1 || padding < 0)
     impl::throw_invalid("kdist::kfac::Layer", "sizes must be positive and padding >= 0, got " + describe());
-  // inputs() and a_dim() are ints (factor dimensions, kernels' indices).
-  const long long inputs = kind == LayerKind::dense ? in : static_cast<long long>(in) * kh * kw;
-  if (inputs + (bias ? 1 : 0) > INT_MAX)
-    impl::throw_invalid("kdist::kfac::Layer", "the A factor's dimension " + std::to_string(inputs + (bias ? 1 : 0)) +
-                                                  " exceeds int: " + describe());
+  // inputs() and a_dim() are ints (factor dimensions, kernels' indices). Each product of two
+  // values up to INT_MAX fits a long long; a factor past INT_MAX stops it.
+  long long a_dim = in;
+  if (kind == LayerKind::conv2d) {
+    a_dim *= kh;
+    if (a_dim <= INT_MAX) a_dim *= kw;
+  }
+  if (a_dim <= INT_MAX) a_dim += bias ? 1 : 0;
+  if (a_dim > INT_MAX) impl::throw_invalid("kdist::kfac::Layer", "the A factor's dimension exceeds int: " + describe());
 }
 
 namespace {
@@ -23,7 +27,12 @@ int conv_out(const Layer& l, int size, int kernel, const char* which) {
   if (size < 1 || size + 2LL * l.padding() < kernel)
     impl::throw_invalid("kdist::kfac::Layer", std::string("input ") + which + " " + std::to_string(size) +
                                                   " is too small for " + l.describe());
-  return static_cast<int>((size + 2LL * l.padding() - kernel) / l.stride() + 1);
+  const long long out = (size + 2LL * l.padding() - kernel) / l.stride() + 1;
+  if (out > INT_MAX)
+    impl::throw_invalid("kdist::kfac::Layer", std::string("output ") + which + " " + std::to_string(out) +
+                                                  " exceeds int for input " + std::to_string(size) + " and " +
+                                                  l.describe());
+  return static_cast<int>(out);
 }
 }  // namespace
 

@@ -26,14 +26,14 @@
 // NaN/Inf in activations or output gradients, a factor not SPD after damping: the rank that finds
 // it throws (InvalidArgument, NonFiniteError, NumericalError naming the layer and the rank) and
 // fails the Engine, so every other rank raises comm::RemoteError at its next wait instead of
-// hanging; any other exception inside a hook or step() (std::bad_alloc, say) fails the Engine as
-// well before it leaves. On steps that make no factor the hooks read nothing, so they check only
-// their order. The running factors and counters change only when a step completes; a step that
-// throws leaves the inverses it was making unspecified. The Engine has failed by then, so the
-// run ends: restart from the last state saved (save() needs a healthy Engine).
-// save()/load() are collective; a state from another layer list or dtype, or a damaged one, is
-// refused on every rank naming the file, field and byte offset; a failed save leaves the previous
-// file intact. A state saved at another rank count is resumed with plans re-made for this one.
+// hanging; an exception of any other type (std::bad_alloc, say) where a hook computes its factor
+// or step() makes the inverses and preconditions fails the Engine as well before it leaves. On steps that make no
+// factor the hooks read nothing, so they check only their order. The running factors and counters change only when a
+// step completes; a step that throws leaves the inverses it was making unspecified. The Engine has failed by then, so
+// the run ends: restart from the last state saved (save() needs a healthy Engine). save()/load() are collective; a
+// state from another layer list or dtype, or a damaged one, is refused on every rank naming the file, field and byte
+// offset; a failed save leaves the previous file intact. A state saved at another rank count is resumed with plans
+// re-made for this one.
 #pragma once
 
 #include <kdist/comm/engine.hpp>

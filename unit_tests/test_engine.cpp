@@ -13,6 +13,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "test_space.hpp"
 
@@ -175,6 +176,45 @@ TEST_CASE("agree_on_value: equal values pass; different ones raise the same erro
                                                   std::to_string(P - 1) + " 7"));
   CHECK(eng.healthy());
   CHECK(eng.allreduce_values<int>({1}, ReduceOp::sum, "after")[0] == P);
+}
+
+// Two tag blocks for composites (tag_limit): A and C share block 1 and use tag 0 with the same
+// partner. With the partner late, A cannot finish, so C must not post yet; B (block 2) does.
+// Before, C posted at once: a message of C could meet a receive of A. No checks, so nothing
+// waits for the partner before posting.
+TEST_CASE("composites on one tag block post their transfers one after the other", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank(), partner = me ^ 1;
+  kdist::comm::EngineOptions o;
+  o.check_consistency = false;
+  o.tag_limit = 3 * kdist::comm::Schedule::kMaxTag - 1;  // block 0: send/recv; 1 and 2: composites
+  Engine eng(world, o);
+  if (partner >= P) return;  // the last rank of an odd count sits out
+  constexpr std::size_t n = 16;
+  std::vector<std::vector<double>> out(3, std::vector<double>(n)), in(3, std::vector<double>(n, -1.0));
+  std::vector<kdist::comm::Request> requests;
+  const auto submit_all = [&] {
+    for (int k = 0; k < 3; ++k) {
+      std::fill(out[k].begin(), out[k].end(), 100.0 * k + me);
+      kdist::comm::Schedule s("op " + std::to_string(k));
+      s.step()
+          .send(partner, kdist::comm::Buffer::host(out[k].data(), n), 0)
+          .recv(partner, kdist::comm::Buffer::host(in[k].data(), n), 0);
+      requests.push_back(
+          eng.submit(std::move(s), kdist::comm::OpDescription::composite(kdist::DType::float64, n, "op")));
+    }
+  };
+  if (me < partner) {
+    submit_all();
+    eng.progress();
+    CHECK(eng.stats().bytes_sent == static_cast<long long>(2 * n * sizeof(double)));  // A and B, not C
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    submit_all();
+  }
+  for (auto& r : requests) r.wait();
+  for (int k = 0; k < 3; ++k) CHECK(in[k] == std::vector<double>(n, 100.0 * k + partner));
+  CHECK(eng.stats().bytes_sent == static_cast<long long>(3 * n * sizeof(double)));
 }
 
 TEST_CASE("Engine::shares_node agrees with the shared-memory node communicator", "[comm][engine]") {

@@ -449,10 +449,14 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     CHECK(kfac_engine.healthy());
   }
   SECTION("a layer whose A factor's dimension passes int") {
-    CHECK_THROWS_WITH(kfac::Conv2d(65536, 8, 256, 256), Catch::Contains("dimension 4294967297 exceeds int"));
-    CHECK_THROWS_WITH(kfac::Dense(INT_MAX, 1, true), Catch::Contains("dimension 2147483648 exceeds int"));
+    for (const auto& make : std::vector<std::function<Layer()>>{
+             [] { return kfac::Conv2d(65536, 8, 256, 256); },            // 2^32 + 1
+             [] { return kfac::Conv2d(1 << 21, 8, 1 << 21, 1 << 21); },  // 2^63: wraps in a long long
+             [] { return kfac::Dense(INT_MAX, 1, true); }})
+      CHECK_THROWS_WITH(make(), Catch::Contains("the A factor's dimension exceeds int"));
     CHECK(kfac::Dense(INT_MAX, 1, false).a_dim() == INT_MAX);
     CHECK(kfac::Conv2d(1, 1, 3, 3, 1, INT_MAX / 2 + 1).out_h(1) == INT_MAX);  // 1 + 2 padding passes int
+    CHECK_THROWS_WITH(kfac::Conv2d(1, 1, 1, 1, 1, INT_MAX / 2 + 1).out_h(1), Catch::Contains("exceeds int"));
   }
   // A rank that fails first tells the others, which may then raise RemoteError carrying its
   // message before they reach the same check themselves: either way the message is there.

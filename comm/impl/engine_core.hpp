@@ -102,6 +102,7 @@ struct Operation {
   State state = State::ready;
   std::exception_ptr error;
   int tag_base = 0;
+  bool uses_tags = false;  ///< some step has point-to-point transfers (on tag_base's block)
 #if KDIST_ENABLE_NCCL
   std::unique_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
 #endif
@@ -142,8 +143,7 @@ struct EngineCore {
   MPI_Comm payload = MPI_COMM_NULL, p2p = MPI_COMM_NULL, check = MPI_COMM_NULL;
   std::shared_ptr<MPI_Comm> payload_owner, p2p_owner, check_owner;
   int tag_blocks = 1;
-  std::vector<std::weak_ptr<Operation>> block_holders;  ///< the last operation to take each tag block
-  std::vector<int> node_of;                             ///< shared-memory node of each rank (its lowest rank)
+  std::vector<int> node_of;  ///< shared-memory node of each rank (its lowest rank)
   long long next_seq = 0, next_composite = 0;
   long long checks_started = 0;  ///< not next_seq: without check_consistency only finish and split check
   std::deque<std::shared_ptr<Operation>> inflight;
