@@ -222,16 +222,16 @@ Device4<T> conv_output_grad(const Layer& L, int step, int l) {
   return g;
 }
 
-template <class T>
-DeviceMatrixR<T> dense_input(const Layer& L, int step, int l) {
+template <class T, class Layout = Kokkos::LayoutRight>
+kdist_test::TestMatrix<T, Layout> dense_input(const Layer& L, int step, int l) {
   const Share sh = share();
-  return kdist_test::device_matrix<T, Kokkos::LayoutRight>(
+  return kdist_test::device_matrix<T, Layout>(
       "x", sh.count, L.inputs(), [&](int r, int j) { return value(step, l, 0, (sh.first + r) * L.inputs() + j); });
 }
-template <class T>
-DeviceMatrixR<T> dense_output_grad(const Layer& L, int step, int l) {
+template <class T, class Layout = Kokkos::LayoutRight>
+kdist_test::TestMatrix<T, Layout> dense_output_grad(const Layer& L, int step, int l) {
   const Share sh = share();
-  return kdist_test::device_matrix<T, Kokkos::LayoutRight>("dy", sh.count, L.g_dim(), [&](int r, int j) {
+  return kdist_test::device_matrix<T, Layout>("dy", sh.count, L.g_dim(), [&](int r, int j) {
     return ghat(step, l, static_cast<long long>(sh.first + r) * L.g_dim() + j) / sh.count;
   });
 }
@@ -278,35 +278,46 @@ void on_forward_from_patches(Preconditioner<T, TestMem>& kfac, int l, const Laye
   kfac.on_forward(exec, l, g, P);
 }
 
-/// One step's hooks; `patches`: Conv2d layers get their input as im2col patches.
+/// What the hooks are handed: the layers' inputs and output gradients as views (Dense: rows x
+/// features, LayoutRight); Conv2d's input as im2col patches (nn::Conv2d's call); or Dense's views in
+/// LayoutLeft (a column-major caller's).
+enum class Hooks { views, patches, layout_left };
+
+/// One step's hooks.
 template <class T>
-void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int step, bool patches = false) {
+void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int step,
+               Hooks hooks = Hooks::views) {
   TestExec exec;
   const int L = static_cast<int>(layers.size());
   for (int l = 0; l < L; ++l) {
     const Layer& layer = layers[static_cast<std::size_t>(l)];
-    if (layer.kind() == LayerKind::dense)
+    if (layer.kind() == LayerKind::dense && hooks == Hooks::layout_left)
+      kfac.on_forward(exec, l, dense_input<T, Kokkos::LayoutLeft>(layer, step, l));
+    else if (layer.kind() == LayerKind::dense)
       kfac.on_forward(exec, l, dense_input<T>(layer, step, l));
-    else if (patches)
+    else if (hooks == Hooks::patches)
       on_forward_from_patches(kfac, l, layer, conv_input<T>(layer, step, l));
     else
       kfac.on_forward(exec, l, conv_input<T>(layer, step, l));
   }
   for (int l = L - 1; l >= 0; --l) {
-    if (layers[static_cast<std::size_t>(l)].kind() == LayerKind::dense)
-      kfac.on_backward(exec, l, dense_output_grad<T>(layers[static_cast<std::size_t>(l)], step, l));
+    const Layer& layer = layers[static_cast<std::size_t>(l)];
+    if (layer.kind() == LayerKind::dense && hooks == Hooks::layout_left)
+      kfac.on_backward(exec, l, dense_output_grad<T, Kokkos::LayoutLeft>(layer, step, l));
+    else if (layer.kind() == LayerKind::dense)
+      kfac.on_backward(exec, l, dense_output_grad<T>(layer, step, l));
     else
-      kfac.on_backward(exec, l, conv_output_grad<T>(layers[static_cast<std::size_t>(l)], step, l));
+      kfac.on_backward(exec, l, conv_output_grad<T>(layer, step, l));
   }
 }
 
 // Flattened [dW | db] per layer after each step.
 template <class T>
 std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
-                                       int steps, int salt = 0, bool patches = false) {
+                                       int steps, int salt = 0, Hooks hooks = Hooks::views) {
   std::vector<std::vector<double>> out;
   for (int s = first; s < first + steps; ++s) {
-    run_hooks(kfac, layers, s, patches);
+    run_hooks(kfac, layers, s, hooks);
     auto g = gradients<T>(layers, s, salt);
     kfac.step(TestExec(), g);
     std::vector<double> flat;
