@@ -95,7 +95,6 @@ class Builder {
 
  private:
   using Buffer = comm::Buffer;
-  int mi() const { return static_cast<int>(state_.m); }
   int msg() const { return static_cast<int>(state_.msg()); }
   int cross_rank(int x) const { return hier_ ? hier_->cross_peer(x) : x; }
   int real(int virt) const { return cross_rank(virt < extra_ ? 2 * virt : virt + extra_); }
