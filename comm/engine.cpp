@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -365,21 +366,30 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   const long long tag_ub = flag ? *static_cast<int*>(attr) : 32767;
   const long long limit = options.tag_limit ? std::min<long long>(options.tag_limit, tag_ub) : tag_ub;
   const bool bad_limit = options.tag_limit != 0 && options.tag_limit < 2 * Schedule::kMaxTag - 1;
+  const long long int_max = std::numeric_limits<int>::max();
+  const long long elements = options.max_call_elements > 0 ? std::min(options.max_call_elements, int_max) : int_max;
   // Local identity only: groups made by this Engine carry it, and submit() checks it.
   c.id = impl::g_next_engine_id.fetch_add(1);
-  // One all-reduce: the wire id (the largest local id), the tag blocks every rank can use, and
-  // whether any rank asked for too few (then every rank throws here, none waits in a collective).
-  long long local[3] = {static_cast<long long>(c.id), -std::max(2LL, (limit + 1) / Schedule::kMaxTag),
-                        bad_limit ? 1LL : 0LL},
-            agreed[3];
-  c.ok(MPI_Allreduce(local, agreed, 3, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  // One all-reduce (MAX; minima as MAX of the complements): the wire id (the largest local id),
+  // the tag blocks and the elements per MPI call every rank can use, and whether any rank asked
+  // for too few tags or a negative count (then every rank throws here, none waits in a collective).
+  long long local[5] = {static_cast<long long>(c.id), ~std::max(2LL, (limit + 1) / Schedule::kMaxTag),
+                        bad_limit ? 1LL : 0LL, ~elements, options.max_call_elements < 0 ? 1LL : 0LL},
+            agreed[5];
+  c.ok(MPI_Allreduce(local, agreed, 5, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
   if (agreed[2] != 0)
     kdist::impl::throw_invalid("kdist::comm::Engine", "a rank's EngineOptions::tag_limit is below " +
                                                           std::to_string(2 * Schedule::kMaxTag - 1) +
                                                           " (two tag blocks of " + std::to_string(Schedule::kMaxTag) +
                                                           "); this rank's is " + std::to_string(options.tag_limit));
+  if (agreed[4] != 0)
+    kdist::impl::throw_invalid("kdist::comm::Engine",
+                               "a rank's EngineOptions::max_call_elements is negative; this "
+                               "rank's is " +
+                                   std::to_string(options.max_call_elements));
   c.wire_id = agreed[0];
-  c.tag_blocks = static_cast<int>(-agreed[1]);
+  c.tag_blocks = static_cast<int>(~agreed[1]);
+  c.call_elements = static_cast<std::size_t>(~agreed[3]);
   // Later Engines get larger ids on every rank, so no two Engines that coexist share a wire id.
   for (std::uint64_t seen = impl::g_next_engine_id.load(); seen <= static_cast<std::uint64_t>(c.wire_id);)
     impl::g_next_engine_id.compare_exchange_weak(seen, static_cast<std::uint64_t>(c.wire_id) + 1);

@@ -12,7 +12,9 @@
 // - Every collective is checked across ranks before its payload moves (a composite may send its
 //   first bytes inside the check, CheckPayload, read only once the ranks agree); a rank that fails,
 //   finishes early or stalls is reported on every rank (README "Errors": what, and its cost).
-// - An error while posting a step (e.g. a count one MPI call cannot carry) fails the Engine on
+// - Any count: collectives past EngineOptions::max_call_elements (2^31 - 1) go out in pieces,
+//   point-to-point transfers through MPI 4's large-count calls (docs/comm.md, "Message sizes").
+// - An error while posting a step (e.g. a count no MPI call can carry) fails the Engine on
 //   every rank, like an error in a step's local work.
 // - One thread at a time per Engine; a second concurrent caller gets InvalidArgument.
 #pragma once
@@ -154,6 +156,12 @@ struct EngineOptions {
   /// for. Composites take tag blocks of kMaxTag in turn; one posts its transfers only once the
   /// earlier operations on its block have finished (submitting never waits).
   int tag_limit = 0;
+  /// > 0: the most elements one MPI collective call carries (at most 2^31 - 1, MPI's int count);
+  /// larger all-reduces, broadcasts, reduce-scatter blocks and all-gather blocks go out as several
+  /// calls (for an MPI library with trouble near 2 GiB messages). 0: 2^31 - 1. The ranks use the
+  /// smallest value any asked for; a negative one on any rank is an InvalidArgument on every rank.
+  /// NCCL steps are never split.
+  long long max_call_elements = 0;
 };
 
 struct EngineStats {

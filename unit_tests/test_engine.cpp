@@ -43,10 +43,16 @@ TEMPLATE_TEST_CASE("engine collectives equal references built from all ranks' in
                    double) {
   using T = TestType;
   Communicator world(MPI_COMM_WORLD);
-  Engine eng(world);
+  // Also with at most 3 elements per MPI call: every collective in pieces (per rank block).
+  const long long limit = GENERATE(0LL, 3LL);
+  kdist::comm::EngineOptions o;
+  o.max_call_elements = limit;
+  Engine eng(world, o);
   const int P = world.size(), me = world.rank();
-  for (long long n : {1LL, 7LL, 1000LL, 100003LL}) {
-    INFO("n " << n);
+  const auto sizes = limit ? std::vector<long long>{1, 3, 4, 7, 20} : std::vector<long long>{1, 7, 1000, 100003};
+  for (long long n : sizes) {
+    INFO("n " << n << ", at most " << limit << " elements per call");
+    const long long calls_before = eng.stats().collective_calls;
     const auto mine_at = [me](long long i) { return value<T>(me, i); };
     auto sum = vector_of<T>("sum", n, mine_at), avg = vector_of<T>("avg", n, mine_at),
          bc = vector_of<T>("bc", n, mine_at);
@@ -87,8 +93,30 @@ TEMPLATE_TEST_CASE("engine collectives equal references built from all ranks' in
       for (long long i = 0; i < n; ++i) ok_ag = ok_ag && hgathered(r * n + i) == value<T>(r, i * 5 + 1);
     CHECK(ok_rs);
     CHECK(ok_ag);
+    // Per rank block: an all-reduce and a broadcast in ceil(n / limit) calls, a reduce-scatter past
+    // the limit in one reduce per rank and piece.
+    const long long pieces = limit && n > limit ? (n + limit - 1) / limit : 1;
+    CHECK(eng.stats().collective_calls - calls_before == 3 * pieces + (pieces > 1 ? P * pieces : 1) + pieces);
   }
   CHECK(eng.in_flight() == 0);
+}
+
+TEST_CASE("max_call_elements: the ranks use the smallest; a negative one is refused on every rank", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  kdist::comm::EngineOptions o;
+  o.max_call_elements = me == 0 ? 2 : 0;  // 0: 2^31 - 1
+  Engine eng(world, o);
+  auto v = vector_of<double>("v", 5, [me](long long i) { return value<double>(me, i); });
+  eng.allreduce(TestExec(), v, ReduceOp::max, "v").wait();
+  CHECK(eng.stats().collective_calls == 3);
+  const auto h = to_host(v);
+  for (long long i = 0; i < 5; ++i) CHECK(h(i) == value<double>(P - 1, i));
+
+  kdist::comm::EngineOptions bad;
+  bad.max_call_elements = me == P - 1 ? -1 : 0;
+  CHECK_THROWS_WITH(Engine(world, bad), Catch::Contains("a rank's EngineOptions::max_call_elements is negative") &&
+                                            Catch::Contains("this rank's is " + std::to_string(bad.max_call_elements)));
 }
 
 TEST_CASE("send/recv around a ring", "[comm][engine]") {

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -143,6 +144,8 @@ struct EngineCore {
   MPI_Comm payload = MPI_COMM_NULL, p2p = MPI_COMM_NULL, check = MPI_COMM_NULL;
   std::shared_ptr<MPI_Comm> payload_owner, p2p_owner, check_owner;
   int tag_blocks = 1;
+  /// The most elements one MPI collective call carries (agreed at construction).
+  std::size_t call_elements = static_cast<std::size_t>(std::numeric_limits<int>::max());
   std::vector<int> node_of;  ///< shared-memory node of each rank (its lowest rank)
   long long next_seq = 0, next_composite = 0;
   long long checks_started = 0;  ///< not next_seq: without check_consistency only finish and split check
