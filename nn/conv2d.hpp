@@ -234,7 +234,8 @@ class Conv2d : public impl::Affine<T, Mem> {
   template <class V>
   static auto image_columns(const V& v, int b) {
     using M = Kokkos::View<typename V::value_type**, Kokkos::LayoutLeft, Mem, Unmanaged>;
-    return M(&v(b, 0, 0, 0), v.extent(2) * v.extent(3), v.extent(1));
+    // From data(), not &v(b, 0, 0, 0): the host may not dereference a device view.
+    return M(v.data() + std::size_t(b) * v.stride_0(), v.extent(2) * v.extent(3), v.extent(1));
   }
   /// The first rows x cols of a scratch buffer, as a column-major matrix of its own.
   static WeightColumns chunk(const Columns& buffer, int rows, int cols) {
