@@ -155,6 +155,18 @@ void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, con
                                    typename MV::non_const_value_type gamma, const MV& M, const CV& count) {
   using T = typename MV::non_const_value_type;
   const int n = static_cast<int>(A.extent(0));
+  if constexpr (!runs_on_host<ExecSpace>()) {
+    Kokkos::parallel_reduce(
+        label, entries<typename MV::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j, long long& acc) {
+          if (i > j) return;
+          const T a = A(i, j);
+          M(i, j) = i == j ? a + gamma : a;
+          acc += compat::isfinite(a) ? 0 : 1;
+        },
+        count);
+    return;
+  }
   Kokkos::parallel_reduce(
       label, Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
       KOKKOS_LAMBDA(const int j, long long& acc) {
@@ -180,6 +192,14 @@ template <class ExecSpace, class CV, class MV>
 void identity_if_nonfinite(const ExecSpace& exec, const CV& count, const MV& M) {
   const int n = static_cast<int>(M.extent(0));
   using T = typename MV::non_const_value_type;
+  if constexpr (!runs_on_host<ExecSpace>()) {
+    Kokkos::parallel_for(
+        "kdist::identity_if_nonfinite", entries<typename MV::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) {
+          if (count() != 0) M(i, j) = i == j ? T(1) : T(0);
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "kdist::identity_if_nonfinite", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
         if (count() == 0) return;
@@ -278,11 +298,16 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
   const auto W = workspace.impl_matrix(exec, 1, n);
   const auto w = workspace.impl_eigenvalues(exec, n);
   impl::enqueue_eigen(exec, A, w, Q, workspace);
-  Kokkos::parallel_for(
-      "kdist::spd_inverse::scale", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
-        const T s = T(1) / (w(j) + gamma);
-        for (int i = 0; i < n; ++i) W(i, j) = Q(i, j) * s;
-      });
+  if constexpr (!impl::runs_on_host<ExecSpace>())
+    Kokkos::parallel_for(
+        "kdist::spd_inverse::scale", impl::entries<typename std::decay_t<decltype(W)>::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) { W(i, j) = Q(i, j) * (T(1) / (w(j) + gamma)); });
+  else
+    Kokkos::parallel_for(
+        "kdist::spd_inverse::scale", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          const T s = T(1) / (w(j) + gamma);
+          for (int i = 0; i < n; ++i) W(i, j) = Q(i, j) * s;
+        });
   gemm(exec, "N", "T", T(1), W, Q, T(0), inv);
   const impl::SolverStatus st = workspace.impl_read_status(exec, w, gamma);
   if (st.nonfinite) impl::throw_nonfinite(func, n, damping, st.nonfinite, A.label());

@@ -5,6 +5,7 @@
 // (InvalidArgument naming both, nothing written), and the packed length must be n(n+1)/2.
 #pragma once
 
+#include <kdist/core/impl/entries.hpp>
 #include <kdist/core/views.hpp>
 
 #include <cstddef>
@@ -47,6 +48,14 @@ template <class ExecSpace, class Full, class Packed>
 void pack_upper(const ExecSpace& exec, const Full& full, const Packed& packed) {
   impl::check_packed_pair<ExecSpace>("kdist::pack_upper", full, packed);
   const int n = static_cast<int>(full.extent(0));
+  if constexpr (!impl::runs_on_host<ExecSpace>()) {
+    Kokkos::parallel_for(
+        "kdist::pack_upper", impl::entries<typename Full::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) {
+          if (i <= j) packed(packed_index(i, j)) = full(i, j);
+        });
+    return;
+  }
   // One pass over the packed vector: thread t handles the column j it falls in.
   Kokkos::parallel_for(
       "kdist::pack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
@@ -62,7 +71,13 @@ void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
   constexpr int tile = 64;
   const int n = static_cast<int>(M.extent(0));
   const int tiles = (n + tile - 1) / tile;
-  if constexpr (std::is_same<typename MV::array_layout, Kokkos::LayoutLeft>::value) {
+  if constexpr (!impl::runs_on_host<ExecSpace>()) {
+    Kokkos::parallel_for(
+        "kdist::mirror_upper_to_lower", impl::entries<typename MV::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) {
+          if (i > j) M(i, j) = M(j, i);
+        });
+  } else if constexpr (std::is_same<typename MV::array_layout, Kokkos::LayoutLeft>::value) {
     // Through the raw column-major storage: the loops keep the pointer in a register (through
     // the view, Kokkos 3.4 Serial reloaded it on every element).
     const std::size_t ld = M.stride(1);
@@ -95,6 +110,14 @@ namespace impl {
 template <class ExecSpace, class Packed, class Full>
 void unpack_columns(const ExecSpace& exec, const Packed& packed, const Full& full) {
   const int n = static_cast<int>(full.extent(0));
+  if constexpr (!runs_on_host<ExecSpace>()) {
+    Kokkos::parallel_for(
+        "kdist::unpack_upper", entries<typename Full::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) {
+          if (i <= j) full(i, j) = packed(packed_index(i, j));
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
         const std::size_t base = packed_index(0, j);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <kdist/core/compat.hpp>
+#include <kdist/core/impl/entries.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -31,6 +32,15 @@ int count_nonfinite_diagonal(const Exec& exec, const MV& A) {
 /// The upper triangle (diagonal included) of D := that of S; both column-major, same size.
 template <class Exec, class MV>
 void copy_upper(const Exec& exec, const MV& D, const MV& S) {
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) {
+    const int n = static_cast<int>(D.extent(0));
+    Kokkos::parallel_for(
+        "kdist::kfac::copy_upper", kdist::impl::entries<typename MV::array_layout>(exec, n, n),
+        KOKKOS_LAMBDA(const int i, const int j) {
+          if (i <= j) D(i, j) = S(i, j);
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "kdist::kfac::copy_upper", Kokkos::RangePolicy<Exec>(exec, 0, D.extent(0)), KOKKOS_LAMBDA(const int j) {
         // Column pointers (every matrix here is column-major), so the loop vectorises.
