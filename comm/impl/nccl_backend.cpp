@@ -72,6 +72,15 @@ UniqueId make_unique_id() {
   return out;
 }
 
+BusId current_bus_id() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  BusId id{};
+  check_cuda(cudaDeviceGetPCIBusId(id.data(), static_cast<int>(id.size()), device), "cudaDeviceGetPCIBusId");
+  id.back() = '\0';
+  return id;
+}
+
 Comm::Comm(const UniqueId& id, int nranks, int rank) : impl_(new Impl), rank_(rank), size_(nranks) {
   ncclUniqueId nid;
   std::memcpy(&nid, id.data(), sizeof(nid));

@@ -36,6 +36,10 @@ class Event {
 /// Opaque 128-byte ncclUniqueId, created on one rank and broadcast by the caller.
 using UniqueId = std::array<char, 128>;
 UniqueId make_unique_id();
+/// The PCI bus id of this thread's current CUDA device ("0000:3C:00.0"): NCCL refuses two ranks
+/// of one communicator on one GPU, and the bootstrap names them first.
+using BusId = std::array<char, 32>;
+BusId current_bus_id();
 
 /// Owning NCCL communicator (ncclCommDestroy on destruction).
 class Comm {
