@@ -103,12 +103,14 @@ TEST_CASE("delta optimizer: start + Adasum(p_local - start), the plain step at o
   Vec want;
   for (std::size_t j = 0; j < start.size(); ++j) want.push_back(start[j] + tree[j]);
   CHECK(kdist_test::rel_l2(got, want) < 1e-14);
-  if (P == 1) {  // bit for bit the plain step, made by the same kernel (a GPU's fused multiply-add)
+  // At one rank the plain step, to rounding: start + (p - start) rounds twice (bit for bit on the
+  // host; not on an H200, whose step fuses the multiply-add).
+  if (P == 1) {
     std::vector<Param> plain;
     for (std::size_t k = 0; k < sizes.size(); ++k)
       plain.push_back(param("p" + std::to_string(k), random_vec(sizes[k], 100 + k)));
     sgd(TestExec(), plain, gs, lr);
-    CHECK(got == concat(plain));
+    CHECK(kdist_test::rel_l2(got, concat(plain)) < 1e-15);
   }
 }
 
