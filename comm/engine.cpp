@@ -384,8 +384,8 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
                                                           "); this rank's is " + std::to_string(options.tag_limit));
   if (agreed[4] != 0)
     kdist::impl::throw_invalid("kdist::comm::Engine",
-                               "a rank's EngineOptions::max_call_elements is negative; this "
-                               "rank's is " +
+                               "a rank's EngineOptions::max_call_elements is negative; "
+                               "this rank's is " +
                                    std::to_string(options.max_call_elements));
   c.wire_id = agreed[0];
   c.tag_blocks = static_cast<int>(~agreed[1]);

@@ -118,8 +118,8 @@ void post_reduce_scatter(Posting p, const Blocks& b, ReduceOp op, MPI_Comm g) {
 // previous member's, so it is received as one element of a type `len` long whose extent is n.
 void post_allgather(Posting p, const Blocks& b, MPI_Comm g) {
   MPI_Request r;
-  const int n = b.n <= p.c.call_elements ? static_cast<int>(b.n) : -1;
-  if (n >= 0) {
+  if (b.n <= p.c.call_elements) {
+    const int n = static_cast<int>(b.n);
     p.c.ok(MPI_Iallgather(b.in, n, b.type, b.out, n, b.type, g, &r), "MPI_Iallgather");
     return p.add(r);
   }
