@@ -116,6 +116,12 @@ TEST_CASE("max_call_elements: the ranks use the smallest; a negative one is refu
   const auto h = to_host(v);
   for (long long i = 0; i < 5; ++i) CHECK(h(i) == value<double>(P - 1, i));
 
+  // Ranks that disagree on a split collective's count: caught before any piece is posted.
+  if (P > 1) {
+    auto w = vector_of<double>("w", me == 0 ? 7 : 8, [](long long) { return 1.0; });
+    CHECK_THROWS_AS(eng.allreduce(TestExec(), w, ReduceOp::sum, "w").wait(), kdist::comm::MismatchError);
+  }
+
   kdist::comm::EngineOptions bad;
   bad.max_call_elements = me == P - 1 ? -1 : 0;
   CHECK_THROWS_WITH(Engine(world, bad), Catch::Contains("a rank's EngineOptions::max_call_elements is negative") &&
