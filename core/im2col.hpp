@@ -16,11 +16,13 @@
 //     (B*H*W) x C with rows((b*H + h)*W + w, c) = y(b, c, h, w); one is the inverse of the other.
 // The patch matrix may have any layout; a LayoutLeft one (each column contiguous over the rows)
 // takes kernels that run along input rows and is what a column-major gemm or syrk reads in place.
+// On a device space (CUDA) im2col and col2im run one thread per element instead, for any layout.
 // Views: any layout (indexed through operator()), rank and value type checked at compile time;
 // extents and overlap of input and output checked first: InvalidArgument naming the function,
 // the view's label and extents and the expected ones, nothing written.
 #pragma once
 
+#include <kdist/core/impl/entries.hpp>
 #include <kdist/core/views.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -98,10 +100,32 @@ struct NchwRows {
     for (int w = 0; w < W; ++w) f(b, c, h, w);
   }
 };
+/// Calls f(b, c, h, w) once per element, one thread each, w fastest (for device spaces, where a
+/// thread per row would leave neighbouring threads a row apart in memory).
+template <class F>
+struct NchwEntries {
+  F f;
+  int C, H, W;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
+    const std::int64_t row = t / W;
+    f(static_cast<int>(row / (H * C)), static_cast<int>((row / H) % C), static_cast<int>(row % H),
+      static_cast<int>(t % W));
+  }
+};
+template <class ExecSpace, class F>
+void for_each_nchw_entry(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
+  const std::int64_t n = static_cast<std::int64_t>(B) * C * H * W;
+  Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+                       NchwEntries<F>{f, C, H, W});
+}
+/// Calls f(b, c, h, w) once per element: by rows on host spaces, by elements on device ones.
 template <class ExecSpace, class F>
 void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
-  Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
-                       NchwRows<F>{f, C, H, W});
+  if constexpr (!runs_on_host<ExecSpace>())
+    for_each_nchw_entry(name, exec, B, C, H, W, f);
+  else
+    Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
+                         NchwRows<F>{f, C, H, W});
 }
 
 /// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself).
@@ -238,6 +262,30 @@ void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometr
       });
 }
 
+/// im2col on a device space, any layout: one thread per patch entry (r, k), the patch matrix's
+/// contiguous index fastest, so neighbouring threads write neighbouring addresses (and, along r
+/// at stride 1, read neighbouring inputs).
+template <class ExecSpace, class XView, class PView>
+void im2col_entries(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                    const PView& patches) {
+  using T = typename PView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
+  const int rows = g.rows(), cols = g.patch();
+  constexpr bool rows_fastest = !std::is_same<typename PView::array_layout, Kokkos::LayoutRight>::value;
+  const std::int64_t n = static_cast<std::int64_t>(rows) * cols;
+  Kokkos::parallel_for(
+      func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t t) {
+        const int r = static_cast<int>(rows_fastest ? t % rows : t / cols);
+        const int k = static_cast<int>(rows_fastest ? t / rows : t % cols);
+        const int j = r % OW, i = (r / OW) % OH, b = r / (OW * OH);
+        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
+        const int h = i * S - P + p, w = j * S - P + q;
+        patches(r, k) = h >= 0 && h < H && w >= 0 && w < W ? T(x(b, c, h, w)) : T(0);
+      });
+}
+
 /// col2im from a LayoutLeft patch matrix: one work item per input row (b, c, h) sums, for each
 /// kernel row p that reads it (one division per p), the kernel columns' contiguous runs along j.
 template <class ExecSpace, class PView, class XView>
@@ -336,7 +384,9 @@ template <class ExecSpace, class XView, class PView>
 void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, const PView& patches) {
   constexpr const char* func = "kdist::im2col";
   impl::check_im2col<ExecSpace>(func, g, x, patches);
-  if constexpr (impl::is_layout_left<PView>())
+  if constexpr (!impl::runs_on_host<ExecSpace>())
+    impl::im2col_entries(exec, func, g, x, patches);
+  else if constexpr (impl::is_layout_left<PView>())
     impl::im2col_columns(exec, func, g, x, patches);
   else
     impl::im2col_rows(exec, func, g, x, patches);
@@ -347,7 +397,7 @@ template <class ExecSpace, class PView, class XView>
 void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
   constexpr const char* func = "kdist::col2im";
   impl::check_im2col<ExecSpace>(func, g, dx, patches);
-  if constexpr (impl::is_layout_left<PView>())
+  if constexpr (impl::is_layout_left<PView>() && impl::runs_on_host<ExecSpace>())
     impl::col2im_columns(exec, func, g, patches, dx);
   else
     impl::col2im_rows(exec, func, g, patches, dx);

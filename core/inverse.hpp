@@ -147,6 +147,23 @@ constexpr void static_check_workspace() {
                        "non-finite input (" + std::to_string(bad) + " NaN/Inf entries in '" + label + "')");
 }
 
+/// copy_upper_counting_nonfinite's device kernel, one thread per entry of the triangle.
+template <class ExecSpace, class AV, class MV, class CV>
+void copy_upper_counting_entries(const ExecSpace& exec, const char* label, const AV& A,
+                                 typename MV::non_const_value_type gamma, const MV& M, const CV& count) {
+  using T = typename MV::non_const_value_type;
+  Kokkos::parallel_reduce(
+      label, upper_entries(exec, static_cast<int>(A.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t k, long long& acc) {
+        int i, j;
+        upper_entry(k, i, j);
+        const T a = A(i, j);
+        M(i, j) = i == j ? a + gamma : a;
+        acc += compat::isfinite(a) ? 0 : 1;
+      },
+      count);
+}
+
 /// One pass over A's upper triangle: M's := A's, plus gamma on the diagonal, while count() := the
 /// number of NaN/Inf entries in it (OpenBLAS potrf may return info = 0 on a NaN). Neither A's nor
 /// M's lower triangle is touched: every backend reads the upper one only. Enqueued.
@@ -156,15 +173,7 @@ void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, con
   using T = typename MV::non_const_value_type;
   const int n = static_cast<int>(A.extent(0));
   if constexpr (!runs_on_host<ExecSpace>()) {
-    Kokkos::parallel_reduce(
-        label, entries<typename MV::array_layout>(exec, n, n),
-        KOKKOS_LAMBDA(const int i, const int j, long long& acc) {
-          if (i > j) return;
-          const T a = A(i, j);
-          M(i, j) = i == j ? a + gamma : a;
-          acc += compat::isfinite(a) ? 0 : 1;
-        },
-        count);
+    copy_upper_counting_entries(exec, label, A, gamma, M, count);
     return;
   }
   Kokkos::parallel_reduce(

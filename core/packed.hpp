@@ -43,17 +43,90 @@ void check_packed_pair(const char* func, const Full& full, const Packed& packed)
 }
 }  // namespace impl
 
+namespace impl {
+// The device kernels (any execution space runs them; the tests run them on the host too).
+
+/// pack_upper, one thread per packed entry: reads and writes both walk down the columns.
+template <class ExecSpace, class Full, class Packed>
+void pack_upper_entries(const ExecSpace& exec, const Full& full, const Packed& packed) {
+  Kokkos::parallel_for(
+      "kdist::pack_upper", upper_entries(exec, static_cast<int>(full.extent(0))), KOKKOS_LAMBDA(const std::int64_t k) {
+        int i, j;
+        upper_entry(k, i, j);
+        packed(k) = full(i, j);
+      });
+}
+
+/// The upper triangle of `full` from `packed`, one thread per packed entry.
+template <class ExecSpace, class Packed, class Full>
+void unpack_upper_entries(const ExecSpace& exec, const Packed& packed, const Full& full) {
+  Kokkos::parallel_for(
+      "kdist::unpack_upper", upper_entries(exec, static_cast<int>(full.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t k) {
+        int i, j;
+        upper_entry(k, i, j);
+        full(i, j) = packed(k);
+      });
+}
+
+/// D's upper triangle (diagonal included) := S's, one thread per entry of the triangle.
+template <class ExecSpace, class SV, class DV>
+void copy_upper_entries(const ExecSpace& exec, const char* label, const SV& S, const DV& D) {
+  Kokkos::parallel_for(
+      label, upper_entries(exec, static_cast<int>(D.extent(0))), KOKKOS_LAMBDA(const std::int64_t k) {
+        int i, j;
+        upper_entry(k, i, j);
+        D(i, j) = S(i, j);
+      });
+}
+
+/// mirror_upper_to_lower through 32 x 32 tiles in team scratch: a team loads the upper tile
+/// down its columns and stores its transpose down the lower tile's columns, so both sides are
+/// read and written along memory (a thread per entry would read the upper side a row apart).
+/// One team per tile on or below the diagonal; `team_size` threads (1 on a host space).
+template <class ExecSpace, class MV>
+void mirror_upper_tiles(const ExecSpace& exec, const MV& M, int team_size) {
+  using T = typename MV::non_const_value_type;
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using Tile = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  constexpr int tile = 32, pitch = tile + 1;  // the pitch keeps the transposed reads off one bank
+  const int n = static_cast<int>(M.extent(0));
+  const int tiles = (n + tile - 1) / tile;
+  Kokkos::TeamPolicy<ExecSpace> policy(exec, tiles * (tiles + 1) / 2, team_size);
+  policy.set_scratch_size(0, Kokkos::PerTeam(Tile::shmem_size(tile * pitch)));
+  Kokkos::parallel_for(
+      "kdist::mirror_upper_to_lower", policy, KOKKOS_LAMBDA(const Team& team) {
+        int tj, ti;  // the lower tile (ti, tj), ti >= tj, mirrors the upper tile (tj, ti)
+        upper_entry(team.league_rank(), tj, ti);
+        const int i0 = ti * tile, j0 = tj * tile;
+        const Tile s(team.team_scratch(0), tile * pitch);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tile * tile), [&](const int t) {
+          const int a = t % tile, b = t / tile;  // upper entry (j0 + a, i0 + b)
+          if (j0 + a < n && i0 + b < n) s(a + pitch * b) = M(j0 + a, i0 + b);
+        });
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tile * tile), [&](const int t) {
+          const int a = t % tile, b = t / tile;  // lower entry (i0 + a, j0 + b)
+          const int i = i0 + a, j = j0 + b;
+          if (i < n && j < n && i > j) M(i, j) = s(b + pitch * a);
+        });
+      });
+}
+
+/// Threads per team of mirror_upper_tiles on ExecSpace.
+template <class ExecSpace>
+constexpr int mirror_team_size() {
+  return runs_on_host<ExecSpace>() ? 1 : 256;
+}
+}  // namespace impl
+
 /// Copy the upper triangle of the square matrix `full` into `packed`.
 template <class ExecSpace, class Full, class Packed>
 void pack_upper(const ExecSpace& exec, const Full& full, const Packed& packed) {
   impl::check_packed_pair<ExecSpace>("kdist::pack_upper", full, packed);
   const int n = static_cast<int>(full.extent(0));
   if constexpr (!impl::runs_on_host<ExecSpace>()) {
-    Kokkos::parallel_for(
-        "kdist::pack_upper", impl::entries<typename Full::array_layout>(exec, n, n),
-        KOKKOS_LAMBDA(const int i, const int j) {
-          if (i <= j) packed(packed_index(i, j)) = full(i, j);
-        });
+    impl::pack_upper_entries(exec, full, packed);
     return;
   }
   // One pass over the packed vector: thread t handles the column j it falls in.
@@ -72,11 +145,7 @@ void mirror_upper_to_lower(const ExecSpace& exec, const MV& M) {
   const int n = static_cast<int>(M.extent(0));
   const int tiles = (n + tile - 1) / tile;
   if constexpr (!impl::runs_on_host<ExecSpace>()) {
-    Kokkos::parallel_for(
-        "kdist::mirror_upper_to_lower", impl::entries<typename MV::array_layout>(exec, n, n),
-        KOKKOS_LAMBDA(const int i, const int j) {
-          if (i > j) M(i, j) = M(j, i);
-        });
+    impl::mirror_upper_tiles(exec, M, impl::mirror_team_size<ExecSpace>());
   } else if constexpr (std::is_same<typename MV::array_layout, Kokkos::LayoutLeft>::value) {
     // Through the raw column-major storage: the loops keep the pointer in a register (through
     // the view, Kokkos 3.4 Serial reloaded it on every element).
@@ -111,11 +180,7 @@ template <class ExecSpace, class Packed, class Full>
 void unpack_columns(const ExecSpace& exec, const Packed& packed, const Full& full) {
   const int n = static_cast<int>(full.extent(0));
   if constexpr (!runs_on_host<ExecSpace>()) {
-    Kokkos::parallel_for(
-        "kdist::unpack_upper", entries<typename Full::array_layout>(exec, n, n),
-        KOKKOS_LAMBDA(const int i, const int j) {
-          if (i <= j) full(i, j) = packed(packed_index(i, j));
-        });
+    unpack_upper_entries(exec, packed, full);
     return;
   }
   Kokkos::parallel_for(

@@ -7,6 +7,9 @@
 #include <kdist/core/timeline.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -90,6 +93,109 @@ TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[
     REQUIRE(same);
     REQUIRE(kdist::packed_dim(kdist::packed_size(n)) == static_cast<std::size_t>(n));
   }
+}
+
+TEST_CASE("upper_entry inverts the packed 'U' index, up to k near 2^53", "[core][packed]") {
+  bool ok = true;
+  for (std::int64_t k = 0, j = 0; j < 500; ++j)
+    for (std::int64_t i = 0; i <= j; ++i, ++k) {
+      int gi = -1, gj = -1;
+      kdist::impl::upper_entry(k, gi, gj);
+      ok = ok && gi == i && gj == j;
+    }
+  CHECK(ok);
+  for (const std::int64_t j : {46340LL, 46341LL, 1000003LL, 94906265LL, 134217727LL})
+    for (const std::int64_t i : {std::int64_t(0), j / 2, j - 1, j}) {
+      int gi = -1, gj = -1;
+      kdist::impl::upper_entry(i + j * (j + 1) / 2, gi, gj);
+      INFO("i " << i << " j " << j);
+      CHECK(gi == i);
+      CHECK(gj == j);
+    }
+}
+
+namespace {
+
+template <class T, class Layout>
+void check_triangle_kernels(int n, std::mt19937_64& rng) {
+  INFO("n " << n << (std::is_same<Layout, Kokkos::LayoutLeft>::value ? " LayoutLeft" : " LayoutRight"));
+  std::uniform_real_distribution<double> u(-1, 1);
+  Dense a(static_cast<std::size_t>(n) * n);  // not symmetric: the mirror must copy the upper side
+  for (auto& x : a) x = static_cast<double>(static_cast<T>(u(rng)));
+  const auto at = [&](int i, int j) { return a[static_cast<std::size_t>(i) * n + j]; };
+  const auto A = device_matrix<T, Layout>("A", n, n, at);
+  const auto stale = [&](const char* label) {
+    return device_matrix<T, Layout>(label, n, n, [](int, int) { return -3.0; });
+  };
+  const auto upper_or_stale = [&](const Dense& got, double diagonal_shift) {
+    bool same = true;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        same =
+            same && got[static_cast<std::size_t>(i) * n + j] ==
+                        (i <= j ? static_cast<double>(static_cast<T>(at(i, j) + (i == j ? diagonal_shift : 0))) : -3.0);
+    return same;
+  };
+
+  TestVector<T> p("p", kdist::packed_size(n));
+  kdist::impl::pack_upper_entries(TestExec(), A, p);
+  const auto ph = to_host(p);
+  bool order_ok = true;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i <= j; ++i) order_ok = order_ok && static_cast<double>(ph(kdist::packed_index(i, j))) == at(i, j);
+  CHECK(order_ok);
+
+  const auto U = stale("U");
+  kdist::impl::unpack_upper_entries(TestExec(), p, U);
+  CHECK(upper_or_stale(kdist_test::to_flat(U), 0));
+
+  const auto D = stale("D");
+  kdist::impl::copy_upper_entries(TestExec(), "test copy_upper", A, D);
+  CHECK(upper_or_stale(kdist_test::to_flat(D), 0));
+
+  const auto M = stale("M");
+  Kokkos::View<long long, TestMem> count("count");
+  kdist::impl::copy_upper_counting_entries(TestExec(), "test damp", A, T(0.5), M, count);
+  CHECK(upper_or_stale(kdist_test::to_flat(M), 0.5));
+  long long bad = -1;
+  Kokkos::deep_copy(bad, count);
+  CHECK(bad == 0);
+
+  const auto S = device_matrix<T, Layout>("S", n, n, at);
+  kdist::impl::mirror_upper_tiles(TestExec(), S, kdist::impl::mirror_team_size<TestExec>());
+  const Dense s = kdist_test::to_flat(S);
+  bool mirrored = true;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      mirrored = mirrored && s[static_cast<std::size_t>(i) * n + j] == at(std::min(i, j), std::max(i, j));
+  CHECK(mirrored);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("device triangle kernels (a thread per entry, tiled mirror) equal the dense reference",
+                   "[core][packed]", float, double) {
+  std::mt19937_64 rng(7);
+  for (const int n : {1, 2, 3, 5, 31, 32, 33, 63, 64, 65, 100, 257}) {
+    check_triangle_kernels<TestType, Kokkos::LayoutLeft>(n, rng);
+    check_triangle_kernels<TestType, Kokkos::LayoutRight>(n, rng);
+  }
+}
+
+TEST_CASE("device damped copy counts NaN and Inf in the upper triangle only", "[core][packed]") {
+  const int n = 40;
+  const auto A = device_matrix<double>("A", n, n, [](int i, int j) {
+    if (i == 3 && j == 30) return std::nan("");
+    if (i == j && i == 17) return HUGE_VAL;
+    if (i == 30 && j == 3) return std::nan("");  // lower: not read
+    return 1.0;
+  });
+  TestMatrix<double> M("M", n, n);
+  Kokkos::View<long long, TestMem> count("count");
+  kdist::impl::copy_upper_counting_entries(TestExec(), "test damp", A, 0.0, M, count);
+  long long bad = -1;
+  Kokkos::deep_copy(bad, count);
+  CHECK(bad == 2);
 }
 
 TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {

@@ -75,7 +75,12 @@ void check_im2col(const ConvShape& s, std::mt19937_64& rng) {
   const auto X = device_nchw<T, Layout>("x", s.batch, s.channels, s.height, s.width, x);
   const auto P = stale_matrix<T, Layout>("patches", s.rows(), s.patch());
   kdist::im2col(TestExec(), geometry(s), X, P);
-  CHECK(to_flat(P) == kdist_test::patches_ref(x, s));
+  const Dense ref = kdist_test::patches_ref(x, s);
+  CHECK(to_flat(P) == ref);
+  // The device kernel (a thread per patch entry), whichever space this build tests on.
+  const auto E = stale_matrix<T, Layout>("patches (entries)", s.rows(), s.patch());
+  kdist::impl::im2col_entries(TestExec(), "test im2col_entries", geometry(s), X, E);
+  CHECK(to_flat(E) == ref);
 }
 
 }  // namespace
@@ -121,6 +126,20 @@ TEMPLATE_TEST_CASE("col2im is the adjoint of im2col and equals a naive scatter",
     check_col2im<TestType, Kokkos::LayoutLeft, Kokkos::LayoutRight>(s, rng);
     check_col2im<TestType, Kokkos::LayoutLeft, Kokkos::LayoutLeft>(s, rng);
   }
+}
+
+TEST_CASE("for_each_nchw_entry visits every element once, w fastest", "[core][im2col]") {
+  const int B = 2, C = 3, H = 5, W = 7;
+  Kokkos::View<double****, Kokkos::LayoutRight, TestMem> y("y", B, C, H, W);
+  kdist::impl::for_each_nchw_entry(
+      "test for_each_nchw_entry", TestExec(), B, C, H, W,
+      KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+        y(b, c, h, w) += ((b * C + c) * H + h) * W + w;
+      });
+  const Dense got = to_flat(y);
+  bool ok = true;
+  for (std::size_t k = 0; k < got.size(); ++k) ok = ok && got[k] == static_cast<double>(k);
+  CHECK(ok);
 }
 
 TEMPLATE_TEST_CASE("nchw_to_rows and rows_to_nchw are inverse layout changes", "[core][im2col]", float, double) {
@@ -194,8 +213,8 @@ TEST_CASE("Conv2dGeometry::validate rejects work counts past int, each size alon
   const kdist::Conv2dGeometry g{1000, 1, 1, 1, 2001, 2001, 1, 1000};
   REQUIRE(g.rows() == 1000);
   REQUIRE(g.patch() == 2001 * 2001);
-  REQUIRE_THROWS_WITH(g.validate("kdist::im2col"),
-                      Catch::Contains("kdist::im2col") && Catch::Contains("exceeds int") && Catch::Contains("batch 1000"));
+  REQUIRE_THROWS_WITH(g.validate("kdist::im2col"), Catch::Contains("kdist::im2col") && Catch::Contains("exceeds int") &&
+                                                       Catch::Contains("batch 1000"));
   const kdist::Conv2dGeometry fits{500, 1, 1, 1, 2001, 2001, 1, 1000};  // 2.0e9 work items
   CHECK_NOTHROW(fits.validate("kdist::im2col"));
 }

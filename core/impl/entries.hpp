@@ -4,10 +4,13 @@
 // each walking thousands of entries, with neighbouring threads a column apart in memory: the
 // first run on an H200 measured unpack_upper at 1 GB/s and the triangle mirror at most of an
 // inverse's time. There, kernels run one thread per entry, the fastest index along the view's
-// contiguous one.
+// contiguous one; over a triangle, one thread per entry of the triangle (upper_entries: no idle
+// half, neighbouring threads on neighbouring rows of a column).
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace kdist {
@@ -27,6 +30,24 @@ auto entries(const ExecSpace& exec, int rows, int cols) {
       std::is_same<Layout, Kokkos::LayoutRight>::value ? Kokkos::Iterate::Right : Kokkos::Iterate::Left;
   using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, order, order>, Kokkos::IndexType<int>>;
   return Policy(exec, {0, 0}, {rows, cols});
+}
+
+/// One index k per entry (i, j), i <= j, of the upper triangle of an n x n matrix, in packed 'U'
+/// order (column by column, k = i + j(j+1)/2); upper_entry turns k back into (i, j).
+template <class ExecSpace>
+auto upper_entries(const ExecSpace& exec, int n) {
+  const std::int64_t m = n;
+  return Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, m * (m + 1) / 2);
+}
+
+/// (i, j) of the packed 'U' index k: j is the largest with j(j+1)/2 <= k. The square root is
+/// within one of it for any k below 2^53; the two loops correct the rounding.
+KOKKOS_INLINE_FUNCTION void upper_entry(const std::int64_t k, int& i, int& j) {
+  std::int64_t c = static_cast<std::int64_t>((::sqrt(8.0 * static_cast<double>(k) + 1.0) - 1.0) / 2.0);
+  while (c * (c + 1) / 2 > k) --c;
+  while ((c + 1) * (c + 2) / 2 <= k) ++c;
+  j = static_cast<int>(c);
+  i = static_cast<int>(k - c * (c + 1) / 2);
 }
 
 }  // namespace impl

@@ -4,6 +4,7 @@
 
 #include <kdist/core/compat.hpp>
 #include <kdist/core/impl/entries.hpp>
+#include <kdist/core/packed.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -33,12 +34,7 @@ int count_nonfinite_diagonal(const Exec& exec, const MV& A) {
 template <class Exec, class MV>
 void copy_upper(const Exec& exec, const MV& D, const MV& S) {
   if constexpr (!kdist::impl::runs_on_host<Exec>()) {
-    const int n = static_cast<int>(D.extent(0));
-    Kokkos::parallel_for(
-        "kdist::kfac::copy_upper", kdist::impl::entries<typename MV::array_layout>(exec, n, n),
-        KOKKOS_LAMBDA(const int i, const int j) {
-          if (i <= j) D(i, j) = S(i, j);
-        });
+    kdist::impl::copy_upper_entries(exec, "kdist::kfac::copy_upper", S, D);
     return;
   }
   Kokkos::parallel_for(
