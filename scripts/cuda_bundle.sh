@@ -20,6 +20,10 @@
 #      mirrors)
 #   3. WORK/kdist-build: kdist with KDIST_ENABLE_CUDA + KDIST_ENABLE_NCCL (always re-run: make
 #      rebuilds only what a kdist change touched)
+#   3b. WORK/kdist-build-staged: the same without NCCL (device views staged through host memory
+#      and MPI), only the programs of the run list's entries with 2 ranks and more, and
+#      bench_adasum: NCCL refuses two ranks on one GPU, so on a one-GPU machine these are the
+#      multi-rank tests that can run (--no-staged skips it)
 #   4. OUT (the bundle): payload.tar.xz, runlist.tsv, manifest.json, MANIFEST.txt
 # A marker that does not match (another ARCH or source) stops the script: give another --work.
 #
@@ -30,6 +34,8 @@
 #   --pack-only DIR   skip steps 1-3: pack the kdist CUDA build in DIR as it is (missing targets
 #                     are listed in the manifest, not built)
 #   --log FILE        with --pack-only: that build's log (make's output), for the failed targets
+#   --staged DIR      with --pack-only: also pack the staged-MPI build in DIR (step 3b)
+#   --no-staged       skip step 3b (the bundle then has no staged-MPI entries)
 #   --with-data       also pack Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist, 30 MB)
 #                     if the bundle stays under the limit
 #   --max-mib N       fail if the bundle is larger [KDIST_CUDA_BUNDLE_MAX_MIB, default 60: the
@@ -53,6 +59,7 @@
 # The bundle (carry it: run(carry=["cuda-bundle"], ...); keep it out of git, e.g. /cuda-bundle/
 # in .gitignore; this script adds it to .git/info/exclude when it is not ignored):
 #   payload.tar.xz  bin/       every test, benchmark and example program, stripped
+#                   bin-staged/ the staged-MPI build's multi-rank programs (step 3b), stripped
 #                   lib/       the shared libraries the device image may lack: MPICH and its UCX,
 #                              hwloc, OpenBLAS/LAPACK, libgfortran, zlib, libcudart; Kokkos and
 #                              Kokkos Kernels are static, inside each program
@@ -61,7 +68,9 @@
 #                   mpich/     mpiexec (Hydra) and hydra_pmi_proxy
 #   data/           Fashion-MNIST, as Debian ships it (--with-data only)
 #   runlist.tsv     one line per ctest entry that runs a packed program under mpiexec: name,
-#                   ranks, timeout, will_fail, environment, program (bin/...), arguments
+#                   ranks, timeout, will_fail, environment, program (bin/...), arguments; the
+#                   staged build's entries with 2 ranks and more follow as <name>.staged, program
+#                   bin-staged/...
 #   manifest.json   every packed file (size, sha256, what it is), the git commit, versions, ARCH,
 #                   the libraries the device must provide (cuBLAS, cuSOLVER, cuSPARSE, nvJitLink,
 #                   NCCL, libcuda), the ctest entries not in the run list
@@ -76,6 +85,9 @@ MAX_MIB="${KDIST_CUDA_BUNDLE_MAX_MIB:-60}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 PACK_ONLY=""
 BUILD_LOG=""
+STAGED=""
+STAGED_LOG=""
+WITH_STAGED=1
 BUILD_RC=unknown
 WITH_DATA=0
 DATA_DIR=/usr/share/datasets/fashion-mnist
@@ -96,6 +108,8 @@ while [ $# -gt 0 ]; do
     --pack-only) PACK_ONLY="$2"; shift 2 ;;
     --with-data) WITH_DATA=1; shift ;;
     --log) BUILD_LOG="$2"; shift 2 ;;
+    --staged) STAGED="$2"; shift 2 ;;
+    --no-staged) WITH_STAGED=0; shift ;;
     --max-mib) MAX_MIB="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; ARGS+=("$@"); break ;;
@@ -221,6 +235,18 @@ PATCH
   fi
 }
 
+# The programs of a configured build's ctest entries that run with 2 ranks or more.
+multi_rank_programs() {  # build_dir
+  (cd "$1" && ctest --show-only=json-v1) 2>/dev/null | python3 -c '
+import json, os, sys
+progs = set()
+for t in json.load(sys.stdin).get("tests", []):
+    c = t.get("command") or []
+    if len(c) >= 4 and os.path.basename(c[0]).startswith("mpiexec") and c[1] in ("-n", "-np") and int(c[2]) >= 2:
+        progs.add(os.path.basename(c[3]))
+print(" ".join(sorted(progs)))'
+}
+
 # ---- 1-3: build -----------------------------------------------------------------------------------
 if [ -z "$PACK_ONLY" ]; then
   mkdir -p "$WORK"
@@ -285,8 +311,28 @@ if [ -z "$PACK_ONLY" ]; then
   } >"$WORK/kdist.log" 2>&1 || BUILD_RC=$?
   [ "$BUILD_RC" = 0 ] || say "kdist: build FAILED (packing what exists; see $WORK/kdist.log)"
   grep -E '^make(\[[0-9]+\])?: \*\*\*' "$WORK/kdist.log" | sed 's/^/  /' | head -20 || true
+
+  if [ "$WITH_STAGED" = 1 ]; then
+    STAGED="$WORK/kdist-build-staged"
+    STAGED_LOG="$WORK/kdist-staged.log"
+    say "kdist (staged MPI, no NCCL): building the multi-rank programs in $STAGED (log $STAGED_LOG)"
+    # shellcheck disable=SC2086 # KDIST_CUDA_CMAKE_ARGS and the target list are word lists
+    {
+      cmake -S "$ROOT" -B "$STAGED" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CXX_COMPILER="$WORK/kokkos-install/bin/nvcc_wrapper" \
+        -DKokkos_ROOT="$WORK/kokkos-install" -DKokkosKernels_ROOT="$WORK/kk-install" \
+        -DKDIST_ENABLE_CUDA=ON -DKDIST_ENABLE_NCCL=OFF ${KDIST_CUDA_CMAKE_ARGS:-}
+      targets="$(multi_rank_programs "$STAGED") bench_adasum"
+      echo "targets: $targets"
+      cmake --build "$STAGED" -j "$JOBS" --target $targets -- -k
+    } >"$STAGED_LOG" 2>&1 || say "kdist (staged): build FAILED (packing what exists; see $STAGED_LOG)"
+  fi
 else
   BUILD="$PACK_ONLY"
+  if [ -n "$STAGED" ]; then
+    [ -f "$STAGED/CMakeCache.txt" ] || die "--staged $STAGED is not a CMake build folder"
+    STAGED="$(cd "$STAGED" && pwd)"
+  fi
 fi
 
 # ---- 4: pack --------------------------------------------------------------------------------------
@@ -317,7 +363,7 @@ case "$OUT/" in
 esac
 STAGE="$(mktemp -d "${TMPDIR:-/tmp}/kdist-bundle.XXXXXX")"
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/bin" "$STAGE/lib/compat" "$STAGE/mpich" "$STAGE/final"
+mkdir -p "$STAGE/bin" "$STAGE/bin-staged" "$STAGE/lib/compat" "$STAGE/mpich" "$STAGE/final"
 # name<TAB>kind lines for the manifest
 KINDS="$STAGE/kinds.tsv"
 : >"$KINDS"
@@ -339,6 +385,21 @@ for dir_kind in "unit_tests:unit test" "perf:benchmark" "examples:example" ".:to
 done
 [ "$n_prog" -gt 0 ] || die "no programs in $BUILD"
 say "packed $n_prog programs from $BUILD"
+# The staged-MPI build: only its multi-rank programs (and bench_adasum), into bin-staged/.
+n_staged=0
+if [ -n "$STAGED" ]; then
+  for name in $(multi_rank_programs "$STAGED") bench_adasum; do
+    for dir in unit_tests perf examples; do
+      f="$STAGED/$dir/$name"
+      is_elf_exe "$f" || continue
+      strip --strip-unneeded -o "$STAGE/bin-staged/$name" "$f"
+      case "$dir" in unit_tests) kind="unit test" ;; perf) kind=benchmark ;; *) kind=example ;; esac
+      printf 'bin-staged/%s\t%s, staged MPI build (no NCCL) (from %s/)\n' "$name" "$kind" "$dir" >>"$KINDS"
+      n_staged=$((n_staged + 1))
+    done
+  done
+  say "packed $n_staged staged-MPI programs from $STAGED"
+fi
 
 # Shared libraries: the device provides the CUDA driver and the large CUDA libraries (its image
 # has the toolkit and the nvidia-* Python wheels); glibc stays the device's. Everything else
@@ -354,7 +415,7 @@ cp "$PROXY" "$STAGE/mpich/hydra_pmi_proxy"
 printf 'mpich/mpiexec\tMPI launcher (%s)\nmpich/hydra_pmi_proxy\tMPI launcher proxy\n' "$MPIEXEC" >>"$KINDS"
 declare -A device_needs=()
 ldd_all="$STAGE/ldd.txt"
-for f in "$STAGE"/bin/* "$STAGE"/mpich/*; do ldd "$f" 2>/dev/null || true; done >"$ldd_all"
+for f in "$STAGE"/bin/* "$STAGE"/bin-staged/* "$STAGE"/mpich/*; do [ -f "$f" ] && { ldd "$f" 2>/dev/null || true; }; done >"$ldd_all"
 while read -r soname arrow path _; do
   [ "$arrow" = "=>" ] || continue
   if [[ "$soname" =~ $GLIBC_LIBS ]]; then continue; fi
@@ -391,30 +452,39 @@ fi
 
 # The run list, from ctest's own description of the tests (paths made relative to the bundle).
 (cd "$BUILD" && ctest --show-only=json-v1) >"$STAGE/ctest.json" 2>/dev/null || die "ctest --show-only failed in $BUILD"
-python3 - "$STAGE" "$BUILD" <<'PY'
+if [ -n "$STAGED" ]; then
+  (cd "$STAGED" && ctest --show-only=json-v1) >"$STAGE/ctest-staged.json" 2>/dev/null || die "ctest --show-only failed in $STAGED"
+fi
+python3 - "$STAGE" "$BUILD" "$STAGED" <<'PY'
 import json, os, sys
-stage, build = sys.argv[1], sys.argv[2]
-doc = json.load(open(os.path.join(stage, "ctest.json")))
-packed = set(os.listdir(os.path.join(stage, "bin")))
+stage, build, staged = sys.argv[1], sys.argv[2], sys.argv[3]
 rows, left = [], []
-for t in doc.get("tests", []):
-    cmd = t.get("command") or []
-    props = {p["name"]: p["value"] for p in t.get("properties", [])}
-    # mpiexec -n N <program> args...: MPIEXEC_PREFLAGS/POSTFLAGS are empty with MPICH
-    if len(cmd) >= 4 and os.path.basename(cmd[0]).startswith("mpiexec") and cmd[1] in ("-n", "-np"):
-        prog = os.path.basename(cmd[3])
-        if prog in packed and cmd[3].startswith(build):
-            env = [e for e in props.get("ENVIRONMENT", []) if " " not in e and "\t" not in e]
-            args = cmd[4:]
-            if any("\t" in a for a in args):
-                left.append((t["name"], "an argument holds a tab"))
+def add(doc_path, build, bindir, suffix, min_ranks):
+    packed = set(os.listdir(os.path.join(stage, bindir)))
+    for t in json.load(open(doc_path)).get("tests", []):
+        cmd = t.get("command") or []
+        props = {p["name"]: p["value"] for p in t.get("properties", [])}
+        name = t["name"] + suffix
+        # mpiexec -n N <program> args...: MPIEXEC_PREFLAGS/POSTFLAGS are empty with MPICH
+        if len(cmd) >= 4 and os.path.basename(cmd[0]).startswith("mpiexec") and cmd[1] in ("-n", "-np"):
+            if int(cmd[2]) < min_ranks:
                 continue
-            rows.append([t["name"], cmd[2], str(int(float(props.get("TIMEOUT", 1500)))),
-                         "1" if props.get("WILL_FAIL") else "0", ";".join(env) or "-", "bin/" + prog] + args)
-            continue
-        left.append((t["name"], "program not packed: " + prog))
-    else:
-        left.append((t["name"], "not 'mpiexec -n N program' (a cmake -P or shell check of the build tree)"))
+            prog = os.path.basename(cmd[3])
+            if prog in packed and cmd[3].startswith(build):
+                env = [e for e in props.get("ENVIRONMENT", []) if " " not in e and "\t" not in e]
+                args = cmd[4:]
+                if any("\t" in a for a in args):
+                    left.append((name, "an argument holds a tab"))
+                    continue
+                rows.append([name, cmd[2], str(int(float(props.get("TIMEOUT", 1500)))),
+                             "1" if props.get("WILL_FAIL") else "0", ";".join(env) or "-", bindir + "/" + prog] + args)
+                continue
+            left.append((name, "program not packed: " + prog))
+        elif not suffix:
+            left.append((name, "not 'mpiexec -n N program' (a cmake -P or shell check of the build tree)"))
+add(os.path.join(stage, "ctest.json"), build, "bin", "", 1)
+if staged:
+    add(os.path.join(stage, "ctest-staged.json"), staged, "bin-staged", ".staged", 2)
 with open(os.path.join(stage, "runlist.tsv"), "w") as f:
     f.write("# name\tranks\ttimeout_s\twill_fail\tenvironment (;-separated, - for none)\tprogram\targuments...\n")
     for r in rows:
@@ -426,7 +496,7 @@ PY
 # Compressed together: the programs share most of their code (Kokkos, kdist, Catch2), which a
 # 256 MiB dictionary finds across files. Decompressing needs about 260 MB of memory.
 say "compressing (xz, this takes a few minutes on 2 cores)"
-payload_list="$(cd "$STAGE" && find bin lib mpich -type f | sort)"
+payload_list="$(cd "$STAGE" && find bin bin-staged lib mpich -type f 2>/dev/null | sort)"
 # shellcheck disable=SC2086 # one path per word, none with spaces
 (cd "$STAGE" && tar --owner=0 --group=0 -cf - $payload_list) |
   xz -T"$JOBS" --lzma2=preset=9e,dict=256MiB -c >"$STAGE/payload.tar.xz"
@@ -457,6 +527,11 @@ glibcxx_needed="$(for f in "$STAGE"/bin/*; do objdump -T "$f" 2>/dev/null; done 
 # Targets whose build failed, from the build log (make's "*** [.../CMakeFiles/<target>.dir/all]"),
 # unless the build ended well: our own rc, or a log whose last line is "done 0".
 failed_targets=""
+staged_failed=""
+if [ -n "$STAGED_LOG" ] && [ -f "$STAGED_LOG" ]; then
+  staged_failed="$(grep -oE 'CMakeFiles/[A-Za-z0-9_.+-]+\.dir/all\] Error' "$STAGED_LOG" |
+    sed -E 's#CMakeFiles/(.*)\.dir/all\] Error#\1#' | sort -u || true)"
+fi
 if [ "$BUILD_RC" != 0 ] && [ -f "$BUILD_LOG" ] && ! tail -n 1 "$BUILD_LOG" | grep -qx 'done 0'; then
   failed_targets="$(grep -oE 'CMakeFiles/[A-Za-z0-9_.+-]+\.dir/all\] Error' "$BUILD_LOG" |
     sed -E 's#CMakeFiles/(.*)\.dir/all\] Error#\1#' | sort -u || true)"
@@ -464,7 +539,7 @@ fi
 
 mv "$STAGE/payload.tar.xz" "$STAGE/runlist.tsv" "$STAGE/final/"
 export STAGE BUILD SOURCE_DIR ARCH git_commit git_dirty kokkos_version kk_version kokkos_commit kk_commit patches \
-  cuda_version nccl_version glibc_needed glibcxx_needed failed_targets MPIEXEC
+  cuda_version nccl_version glibc_needed glibcxx_needed failed_targets MPIEXEC STAGED staged_failed
 export DEVICE_NEEDS="${!device_needs[*]}"
 python3 - <<'PY'
 import hashlib, json, os, subprocess, tarfile, time
@@ -498,6 +573,8 @@ doc = {
     "needs_glibc": E["glibc_needed"], "needs_glibcxx": E["glibcxx_needed"],
     "device_must_provide": sorted(E["DEVICE_NEEDS"].split()),
     "failed_build_targets": [l for l in E["failed_targets"].splitlines() if l],
+    "staged_build_dir": E["STAGED"] or None,
+    "staged_failed_build_targets": [l for l in E["staged_failed"].splitlines() if l],
     "payload": {"path": "payload.tar.xz", "bytes": os.path.getsize(payload), "sha256": sha(payload),
                 "unpacked_bytes": sum(f["bytes"] for f in files if not f["path"].startswith("data/")),
                 "files": [f for f in files if not f["path"].startswith("data/")]},
@@ -523,6 +600,9 @@ with open(os.path.join(final, "MANIFEST.txt"), "w") as f:
       ", ".join(doc["device_must_provide"]), doc["needs_glibc"][6:], doc["needs_glibcxx"]))
     if doc["failed_build_targets"]:
         w("FAILED build targets: %s\n" % ", ".join(doc["failed_build_targets"]))
+    w("staged-MPI build (bin-staged/, entries <name>.staged): %s\n" % (doc["staged_build_dir"] or "none"))
+    if doc["staged_failed_build_targets"]:
+        w("FAILED staged build targets: %s\n" % ", ".join(doc["staged_failed_build_targets"]))
     w("payload.tar.xz %s MiB (unpacked %s MiB), sha256 %s\n" % (mib(doc["payload"]["bytes"]),
       mib(doc["payload"]["unpacked_bytes"]), doc["payload"]["sha256"]))
     w("runlist.tsv: %d entries (ranks %s); %d ctest entries left out (manifest.json)\n\n" % (

@@ -13,20 +13,28 @@
 #   libraries      ldd of every program: what the bundle carries (MPICH, UCX, OpenBLAS, cudart)
 #                  and what the device must provide (cuBLAS, cuSOLVER, cuSPARSE, nvJitLink, NCCL,
 #                  libcuda), looked up in the CUDA toolkit, the driver and the nvidia-* wheels
-#   mpi_probe      mpiexec -n 2 of one short test program (MPI + Kokkos CUDA start-up); if it
+#   mpi_probe      mpiexec -n 2 of one short test program (MPI + Kokkos CUDA start-up; the
+#                  staged-MPI build's when the bundle has it or the machine has one GPU); if it
 #                  fails, again with UCX_TLS=sm,self, kept for the rest if that works
 #   gpu_smoke      cuSOLVER against host LAPACK, d = 256 ... 8192
 #   test 1 rank    every run-list entry with 1 rank (all unit tests; Kokkos' default space is
 #                  CUDA: TestExec/TestMem are the GPU), GPU_CHECK_JOBS at a time
-#   test 2 ranks   every entry with 2 ranks, both on the one GPU (device views go through NCCL,
-#                  host ones and the staged paths through MPI); NCCL refuses two ranks on one GPU
-#                  ("Duplicate GPU detected") and the note says so when it does
+#   test 2 ranks   every entry with 2 ranks of the NCCL build (device views through NCCL, host
+#                  ones through MPI), when the machine has 2 GPUs. With one GPU NCCL refuses two
+#                  ranks ("Duplicate GPU detected"): one entry runs as nccl_duplicate_gpu, which
+#                  passes when every rank fails at Engine construction naming the shared GPU,
+#                  and the others are recorded as skipped
+#   staged 2 ranks every <name>.staged entry with 2 ranks: the staged-MPI build (device views
+#                  through host memory and MPI), both ranks on the one GPU
 #   bench_inverse  kdist::spd_inverse against LAPACK and gemm  [GPU_CHECK_BENCH_INVERSE_ARGS]
 #   bench_adasum   2 ranks, Adasum against MPI_Allreduce(SUM)   [GPU_CHECK_BENCH_ADASUM_ARGS]
+#                  (the staged-MPI build's with one GPU)
 #   portability    kdist_portability on the CUDA space and the host (then --smoke if it fails)
 #   fashion_mnist  the MLP with K-FAC, one epoch, 1 rank, on Debian's dataset-fashion-mnist
 #                  (/usr/share/datasets/fashion-mnist, or the bundle's data/, or GPU_CHECK_DATA);
 #                  skipped, and said so, when absent
+#   staged 3 ranks the <name>.staged entries with 3 ranks (a rank count that is not a power of
+#                  two), with what is left of the budget
 #
 # Output in $OUT (default ./gpu-check-out; 4 files, within what the device tool brings back):
 #   gpu-check.json  every step: name, command, ranks, timeout, seconds, rc, status
@@ -42,7 +50,8 @@
 # Environment: GPU_CHECK_BUDGET_S (total, default 450), GPU_CHECK_JOBS (1-rank tests at once,
 # default 4), GPU_CHECK_JOBS2 (2-rank tests at once, default 2), GPU_CHECK_UNPACK (default
 # /tmp/kdist-gpu-kit), GPU_CHECK_DATA, GPU_CHECK_ONLY (a regex: run only the matching steps and
-# tests), GPU_CHECK_ASSUME_GPU=1 (skip the GPU test: only to try this script on a CPU machine).
+# tests), GPU_CHECK_ASSUME_GPU=1 (skip the GPU test: only to try this script on a CPU machine;
+# GPU_CHECK_GPUS then gives the GPU count, default 1).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,6 +86,9 @@ if [ "${GPU_CHECK_ASSUME_GPU:-0}" != 1 ]; then
   # Captured, not piped into grep -q: under pipefail an early grep exit fails the pipeline.
   gpus="$(timeout 60 nvidia-smi -L 2>/dev/null)"
   grep '^GPU ' <<<"$gpus" >/dev/null || stop "no GPU" 3 "no GPU (nvidia-smi lists no device): nothing run"
+  NGPU="$(grep -c '^GPU ' <<<"$gpus")"
+else
+  NGPU="${GPU_CHECK_GPUS:-1}"
 fi
 
 T0="${EPOCHREALTIME:-$(date +%s.%N)}"
@@ -339,16 +351,21 @@ record libraries setup 0 0 "$(elapsed "$t")" "$n_missing" "$st" "$note" "ldd bin
 
 # ---- the run list -----------------------------------------------------------------------------------
 # name ranks timeout will_fail env program args...
-declare -a R1=() R2=()
+# R1: 1 rank; R2: 2 ranks, NCCL build; S2, S3: 2 and 3 ranks, staged-MPI build (<name>.staged).
+declare -a R1=() R2=() S2=() S3=()
 while IFS= read -r line; do
   case "$line" in '#'* | '') continue ;; esac
   IFS=$'\t' read -r -a f <<<"$line"
   selected "${f[0]}" || continue
-  case "${f[1]}" in
-    1) R1+=("$line") ;;
-    2) R2+=("$line") ;;
+  case "${f[0]}:${f[1]}" in
+    *.staged:2) S2+=("$line") ;;
+    *.staged:3) S3+=("$line") ;;
+    *.staged:*) ;;
+    *:1) R1+=("$line") ;;
+    *:2) R2+=("$line") ;;
   esac
 done <"$BUNDLE/runlist.tsv"
+HEADER+=("GPUs: $NGPU; run list: ${#R1[@]} 1-rank, ${#R2[@]} 2-rank (NCCL), ${#S2[@]} + ${#S3[@]} 2- and 3-rank (staged MPI) entries")
 
 # run_entry line limit: one run-list entry under mpiexec (called in the background).
 run_entry() {
@@ -385,16 +402,46 @@ pool() {
   for name in "${names[@]}"; do collect "$name"; done
 }
 
+# nccl_duplicate_gpu entry: the NCCL build's 2-rank entry on one GPU must fail at Engine
+# construction on every rank, naming the shared GPU, within its limit (no hang).
+nccl_duplicate_gpu() {
+  local e="$1" name=nccl_duplicate_gpu
+  [ -n "$e" ] && selected "$name" || return 0
+  local -a f envs=()
+  IFS=$'\t' read -r -a f <<<"$e"
+  [ "${f[4]}" = - ] || IFS=';' read -r -a envs <<<"${f[4]}"
+  run_step "$name" "test 2 ranks" 2 60 1 env "${envs[@]}" "$MPIEXEC" -n 2 "$KIT/${f[5]}" "${f[@]:6}"
+  local log="$W/logs/$name.log" r ok=1 res
+  for r in 0 1; do
+    grep -q "use the same GPU.*(rank $r)" "$log" || ok=0
+  done
+  res="$(cat "$W/res/$name.res")"
+  if [ "$ok" = 1 ] && grep -q $'\tpass\t' <<<"$res"; then
+    res="$(awk -F'\t' -v OFS='\t' -v n="${f[0]}" '{$8 = "every rank: the shared-GPU error (" n ")"} 1' <<<"$res")"
+  elif ! grep -q $'\ttimeout\t' <<<"$res"; then
+    res="$(awk -F'\t' -v OFS='\t' -v n="${f[0]}" '{$7 = "fail"; $8 = "not every rank named the shared GPU (" n ")"} 1' <<<"$res")"
+  fi
+  printf '%s\n' "$res" >"$W/res/$name.res"
+  collect "$name"
+}
+
 # ---- MPI start-up -------------------------------------------------------------------------------------
 # One short 2-rank test program (test_clock_sync, else the first 2-rank test_*), run whole: MPI,
 # Kokkos' CUDA start-up and the harness. (Catch2's --list-* options exit with the count, not 0.)
-probe_entry=""
-for e in "${R2[@]}"; do
-  case "$(cut -f6 <<<"$e")" in
-    bin/test_clock_sync) probe_entry="$e" && break ;;
-    bin/test_*) [ -n "$probe_entry" ] || probe_entry="$e" ;;
-  esac
-done
+# The staged build's when there is one: with one GPU the NCCL build's stops at the Engine.
+# first_test entries...: the test_clock_sync entry among them, else the first test_* one.
+first_test() {
+  local e found=""
+  for e in "$@"; do
+    case "$(cut -f6 <<<"$e")" in
+      bin*/test_clock_sync) found="$e" && break ;;
+      bin*/test_*) [ -n "$found" ] || found="$e" ;;
+    esac
+  done
+  printf '%s' "$found"
+}
+probe_entry="$(first_test "${S2[@]}")"
+[ -n "$probe_entry" ] || [ "$NGPU" -lt 2 ] || probe_entry="$(first_test "${R2[@]}")"
 if [ -n "$probe_entry" ] && selected mpi_probe; then
   IFS=$'\t' read -r -a pf <<<"$probe_entry"
   penv=()
@@ -418,15 +465,30 @@ step gpu_smoke gpu_smoke 1 45 "$KIT/bin/gpu_smoke"
 
 [ ${#R1[@]} -gt 0 ] && pool "test 1 rank" "$JOBS1" 110 "${R1[@]}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-[ ${#R2[@]} -gt 0 ] && pool "test 2 ranks" "$JOBS2" 80 "${R2[@]}"
+if [ ${#R2[@]} -gt 0 ] && [ "$NGPU" -ge 2 ]; then
+  pool "test 2 ranks" "$JOBS2" 80 "${R2[@]}"
+elif [ ${#R2[@]} -gt 0 ]; then
+  nccl_duplicate_gpu "$(first_test "${R2[@]}")"
+  for e in "${R2[@]}"; do
+    n="${e%%$'\t'*}"
+    [ "$e" = "$(first_test "${R2[@]}")" ] && continue
+    s_note="needs 2 GPUs: NCCL refuses two ranks on one GPU"
+    grep -q "^$n.staged"$'\t' "$BUNDLE/runlist.tsv" && s_note="$s_note; ran as $n.staged"
+    record "$n" "test 2 ranks" 2 0 0 "" skipped "$s_note" "(not run)" ""
+  done
+fi
 unset NCCL_DEBUG
+[ ${#S2[@]} -gt 0 ] && pool "staged 2 ranks" "$JOBS2" 100 "${S2[@]}"
 
 # The benchmarks use every core for the host side (no OPENBLAS_NUM_THREADS=1 here).
 # shellcheck disable=SC2086 # the *_ARGS variables are argument lists
 step bench_inverse bench 1 30 "$KIT/bin/bench_inverse" \
   ${GPU_CHECK_BENCH_INVERSE_ARGS:---sizes 256,1024,4096 --reps 3} --json "$W/results/bench_inverse.json"
 # shellcheck disable=SC2086
-step bench_adasum bench 2 30 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 2 "$KIT/bin/bench_adasum" \
+adasum_bin="$KIT/bin/bench_adasum"
+[ "$NGPU" -lt 2 ] && [ -x "$KIT/bin-staged/bench_adasum" ] && adasum_bin="$KIT/bin-staged/bench_adasum"
+# shellcheck disable=SC2086
+step bench_adasum bench 2 30 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 2 "$adasum_bin" \
   ${GPU_CHECK_BENCH_ADASUM_ARGS:---reps 3 --max-bytes 16777216} --json "$W/results/bench_adasum.json"
 step kdist_portability bench 1 60 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --platform "gpu-check" \
   --reps 3 --json "$W/results/kdist_portability.json"
@@ -452,6 +514,9 @@ else
   step fashion_mnist example 1 75 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" --model mlp \
     --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist.csv"
 fi
+
+# A rank count that is not a power of two, with what is left.
+[ ${#S3[@]} -gt 0 ] && pool "staged 3 ranks" "$JOBS2" 90 "${S3[@]}"
 
 # ---- the report ----------------------------------------------------------------------------------------
 write_report
