@@ -13,9 +13,10 @@
 #   libraries      ldd of every program: what the bundle carries (MPICH, UCX, OpenBLAS, cudart)
 #                  and what the device must provide (cuBLAS, cuSOLVER, cuSPARSE, nvJitLink, NCCL,
 #                  libcuda), looked up in the CUDA toolkit, the driver and the nvidia-* wheels
-#   mpi_probe      mpiexec -n 2 of one short test program (MPI + Kokkos CUDA start-up; the
-#                  staged-MPI build's when the bundle has it or the machine has one GPU); if it
-#                  fails, again with UCX_TLS=sm,self, kept for the rest if that works
+#   mpi_probe      mpiexec -n 2 of one short test program (MPI + Kokkos CUDA start-up): the
+#                  staged-MPI build's when the bundle has one, else the NCCL build's if the
+#                  machine has 2 GPUs; if it fails, again with UCX_TLS=sm,self, kept for the rest
+#                  if that works
 #   gpu_smoke      cuSOLVER against host LAPACK, d = 256 ... 8192
 #   test 1 rank    every run-list entry with 1 rank (all unit tests; Kokkos' default space is
 #                  CUDA: TestExec/TestMem are the GPU), GPU_CHECK_JOBS at a time
