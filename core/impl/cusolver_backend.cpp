@@ -85,6 +85,12 @@ cusolverStatus_t potri(cusolverDnHandle_t h, int n, float* A, int lda, float* w,
 cusolverStatus_t potri(cusolverDnHandle_t h, int n, double* A, int lda, double* w, int lw, int* info) {
   return cusolverDnDpotri(h, upper(), n, A, lda, w, lw, info);
 }
+cusolverStatus_t potrs(cusolverDnHandle_t h, int n, const float* A, int lda, float* B, int ldb, int* info) {
+  return cusolverDnSpotrs(h, upper(), n, n, A, lda, B, ldb, info);
+}
+cusolverStatus_t potrs(cusolverDnHandle_t h, int n, const double* A, int lda, double* B, int ldb, int* info) {
+  return cusolverDnDpotrs(h, upper(), n, n, A, lda, B, ldb, info);
+}
 cusolverStatus_t syevd_buf(cusolverDnHandle_t h, int n, const float* A, int lda, const float* w, int* lw) {
   return cusolverDnSsyevd_bufferSize(h, CUSOLVER_EIG_MODE_VECTOR, upper(), n, A, lda, w, lw);
 }
@@ -132,6 +138,28 @@ void cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t bytes, 
 }
 
 template <class T>
+std::size_t cholesky_solve_workspace(int n, int lda, cudaStream_t stream) {
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  int lw = 0;
+  KDIST_CUSOLVER_CHECK(potrf_buf(h.solver, n, static_cast<T*>(nullptr), lda, &lw));
+  return static_cast<std::size_t>(lw) * sizeof(T);
+}
+
+template <class T>
+void cholesky_solve_inverse(T* A, int n, int lda, T* B, int ldb, void* workspace, std::size_t bytes, int* dev_info,
+                            cudaStream_t stream) {
+  Handles& h = handles();
+  check_workspace(bytes, cholesky_solve_workspace<T>(n, lda, stream), "kdist::cusolver::cholesky_solve_inverse");
+  std::lock_guard<std::mutex> lock(h.mutex);
+  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  KDIST_CUSOLVER_CHECK(
+      potrf(h.solver, n, A, lda, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
+  KDIST_CUSOLVER_CHECK(potrs(h.solver, n, A, lda, B, ldb, dev_info + 1));
+}
+
+template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream) {
   Handles& h = handles();
   std::lock_guard<std::mutex> lock(h.mutex);
@@ -161,11 +189,13 @@ void syrk(char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C, 
   KDIST_CUBLAS_CHECK(syrk_run(h.blas, op, n, k, &alpha, A, lda, &beta, C, ldc));
 }
 
-#define KDIST_INSTANTIATE_CUSOLVER(T)                                                      \
-  template std::size_t cholesky_inverse_workspace<T>(int, int, cudaStream_t);              \
-  template void cholesky_inverse<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t); \
-  template std::size_t syevd_workspace<T>(int, int, cudaStream_t);                         \
-  template void syevd<T>(T*, int, int, T*, void*, std::size_t, int*, cudaStream_t);        \
+#define KDIST_INSTANTIATE_CUSOLVER(T)                                                                     \
+  template std::size_t cholesky_inverse_workspace<T>(int, int, cudaStream_t);                             \
+  template void cholesky_inverse<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t);                \
+  template std::size_t cholesky_solve_workspace<T>(int, int, cudaStream_t);                               \
+  template void cholesky_solve_inverse<T>(T*, int, int, T*, int, void*, std::size_t, int*, cudaStream_t); \
+  template std::size_t syevd_workspace<T>(int, int, cudaStream_t);                                        \
+  template void syevd<T>(T*, int, int, T*, void*, std::size_t, int*, cudaStream_t);                       \
   template void syrk<T>(char, int, int, T, const T*, int, T, T*, int, cudaStream_t);
 KDIST_INSTANTIATE_CUSOLVER(float)
 KDIST_INSTANTIATE_CUSOLVER(double)

@@ -32,6 +32,19 @@ template <class T>
 void cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t workspace_bytes, int* dev_info,
                       cudaStream_t stream);
 
+/// Bytes of device workspace cholesky_solve_inverse needs (potrf's; potrs takes none).
+template <class T>
+std::size_t cholesky_solve_workspace(int n, int lda, cudaStream_t stream);
+
+/// B := A^-1 in full, through potrf and potrs with B's n columns as right-hand sides: B must hold
+/// the identity on entry (ldb >= n); A (upper triangle, column-major) := its Cholesky factor.
+/// dev_info[0] := potrf's info, [1] := potrs'. Enqueued on `stream`. The alternative to
+/// cholesky_inverse's potri (trtri + lauum, many small steps): two triangular solves with n
+/// right-hand sides, gemm-rich; gpu_smoke times the two side by side.
+template <class T>
+void cholesky_solve_inverse(T* A, int n, int lda, T* B, int ldb, void* workspace, std::size_t workspace_bytes,
+                            int* dev_info, cudaStream_t stream);
+
 /// Bytes of device workspace syevd needs (eigenvalues and eigenvectors, upper triangle).
 template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream);

@@ -1,7 +1,8 @@
 // GPU smoke test, run when a GPU machine is lent (it only compiles and links elsewhere): inverts
-// random SPD matrices with kdist's cuSOLVER backend and with host LAPACK, compares them and
-// times both for d = 256 ... 8192, checks potrf's info on an indefinite matrix, and checks syevd.
-// Needs no Kokkos.
+// random SPD matrices with kdist's cuSOLVER backend (potrf + potri, and the potrf + potrs
+// alternative with identity right-hand sides) and with host LAPACK, compares them and times all
+// three for d = 256 ... 8192, checks potrf's info on an indefinite matrix, and checks syevd.
+// Needs no Kokkos. The last column, potri_s / potrs_s, says which backend route is faster.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -62,14 +63,43 @@ int smoke(int d) {
     SMOKE_CUDA(cudaStreamSynchronize(stream));
     t_gpu = std::min(t_gpu, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  SMOKE_CUDA(cudaMemcpy(got.data(), dA, sizeof(T) * A.size(), cudaMemcpyDeviceToHost));
-  double diff = 0, mx = 0;
+  double mx = 0;
   for (int j = 0; j < d; ++j)
-    for (int i = 0; i <= j; ++i) {
-      const std::size_t k = static_cast<std::size_t>(j) * d + i;
-      diff = std::max(diff, std::abs(double(got[k]) - double(ref[k])));
-      mx = std::max(mx, std::abs(double(ref[k])));
-    }
+    for (int i = 0; i <= j; ++i) mx = std::max(mx, std::abs(double(ref[static_cast<std::size_t>(j) * d + i])));
+  // max |got - ref| over the upper triangle of the device matrix at `src`.
+  const auto upper_diff = [&](const T* src, double& diff) {
+    if (cudaMemcpy(got.data(), src, sizeof(T) * A.size(), cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    diff = 0;
+    for (int j = 0; j < d; ++j)
+      for (int i = 0; i <= j; ++i) {
+        const std::size_t k = static_cast<std::size_t>(j) * d + i;
+        diff = std::max(diff, std::abs(double(got[k]) - double(ref[k])));
+      }
+    return true;
+  };
+  double diff = 0;
+  if (!upper_diff(dA, diff)) return 2;
+
+  // The potrs route on the same matrix, timed the same way: B starts as the identity.
+  T* dB = nullptr;
+  SMOKE_CUDA(cudaMalloc(&dB, sizeof(T) * A.size()));
+  std::vector<T> eye(A.size(), T(0));
+  for (int i = 0; i < d; ++i) eye[static_cast<std::size_t>(i) * d + i] = T(1);
+  double t_solve = 1e30;
+  int solve_info[2] = {0, 0};
+  for (int rep = 0; rep < 3; ++rep) {
+    SMOKE_CUDA(cudaMemcpyAsync(dA, A.data(), sizeof(T) * A.size(), cudaMemcpyHostToDevice, stream));
+    SMOKE_CUDA(cudaMemcpyAsync(dB, eye.data(), sizeof(T) * A.size(), cudaMemcpyHostToDevice, stream));
+    SMOKE_CUDA(cudaStreamSynchronize(stream));
+    t0 = std::chrono::steady_clock::now();
+    cs::cholesky_solve_inverse<T>(dA, d, d, dB, d, ws, bytes, dinfo, stream);  // potrf's workspace <= bytes
+    SMOKE_CUDA(cudaMemcpyAsync(solve_info, dinfo, sizeof(solve_info), cudaMemcpyDeviceToHost, stream));
+    SMOKE_CUDA(cudaStreamSynchronize(stream));
+    t_solve = std::min(t_solve, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double solve_diff = 0;
+  if (!upper_diff(dB, solve_diff)) return 2;
+  cudaFree(dB);
   // An indefinite matrix through the same buffers: potrf's info names the failing minor.
   std::vector<T> indefinite(A.size(), T(0));
   for (int i = 0; i < d; ++i) indefinite[static_cast<std::size_t>(i) * d + i] = i == d / 2 ? T(-1) : T(1);
@@ -80,10 +110,12 @@ int smoke(int d) {
   SMOKE_CUDA(cudaStreamSynchronize(stream));
   if (bad_info[0] != d / 2 + 1) std::printf("indefinite d=%d: potrf info %d, expected %d\n", d, bad_info[0], d / 2 + 1);
   const double flops = double(d) * d * d;
-  const bool ok =
-      info[0] == 0 && info[1] == 0 && bad_info[0] == d / 2 + 1 && diff <= (sizeof(T) == 8 ? 1e-10 : 1e-3) * mx;
-  std::printf("%8d %7s %12.4g %12.4g %12.1f %12.1f %10.3g %s\n", d, sizeof(T) == 8 ? "double" : "float", t_gpu, t_cpu,
-              flops / t_gpu * 1e-9, flops / t_cpu * 1e-9, diff / mx, ok ? "ok" : "MISMATCH");
+  const double tol = (sizeof(T) == 8 ? 1e-10 : 1e-3) * mx;
+  const bool ok = info[0] == 0 && info[1] == 0 && solve_info[0] == 0 && solve_info[1] == 0 &&
+                  bad_info[0] == d / 2 + 1 && diff <= tol && solve_diff <= tol;
+  std::printf("%8d %7s %12.4g %12.4g %12.4g %12.1f %12.1f %10.3g %10.3g %10.2f %s\n", d,
+              sizeof(T) == 8 ? "double" : "float", t_gpu, t_solve, t_cpu, flops / t_gpu * 1e-9, flops / t_cpu * 1e-9,
+              diff / mx, solve_diff / mx, t_gpu / t_solve, ok ? "ok" : "MISMATCH");
   cudaFree(ws);
   cudaFree(dinfo);
   cudaFree(dA);
@@ -163,8 +195,8 @@ int main() {
     return 77;
   }
   int failures = 0;
-  std::printf("%8s %7s %12s %12s %12s %12s %10s\n", "d", "type", "cusolver_s", "lapack_s", "cusolver_GF", "lapack_GF",
-              "rel_diff");
+  std::printf("%8s %7s %12s %12s %12s %12s %12s %10s %10s %10s\n", "d", "type", "potri_s", "potrs_s", "lapack_s",
+              "potri_GF", "lapack_GF", "rel_diff", "potrs_diff", "potri/potrs");
   for (int d = 256; d <= 8192; d *= 2) {
     failures += smoke<double>(d);
     failures += smoke<float>(d);
