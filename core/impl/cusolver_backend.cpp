@@ -48,6 +48,20 @@ Handles& handles() {
   return h;
 }
 
+/// The shared solver handle, locked and bound to `stream` for one call's lifetime (the mutex is
+/// not recursive: workspace checks come before it).
+class BoundSolver {
+ public:
+  explicit BoundSolver(cudaStream_t stream) : h_(handles()), lock_(h_.mutex) {
+    KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h_.solver, stream));
+  }
+  cusolverDnHandle_t get() const { return h_.solver; }
+
+ private:
+  Handles& h_;
+  std::lock_guard<std::mutex> lock_;
+};
+
 cublasFillMode_t upper() {
   return CUBLAS_FILL_MODE_UPPER;
 }
@@ -116,68 +130,55 @@ cublasStatus_t syrk_run(cublasHandle_t h, cublasOperation_t op, int n, int k, co
 
 template <class T>
 std::size_t cholesky_inverse_workspace(int n, int lda, cudaStream_t stream) {
-  Handles& h = handles();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   int lw_f = 0, lw_i = 0;
-  KDIST_CUSOLVER_CHECK(potrf_buf(h.solver, n, static_cast<T*>(nullptr), lda, &lw_f));
-  KDIST_CUSOLVER_CHECK(potri_buf(h.solver, n, static_cast<T*>(nullptr), lda, &lw_i));
+  KDIST_CUSOLVER_CHECK(potrf_buf(s.get(), n, static_cast<T*>(nullptr), lda, &lw_f));
+  KDIST_CUSOLVER_CHECK(potri_buf(s.get(), n, static_cast<T*>(nullptr), lda, &lw_i));
   return static_cast<std::size_t>(lw_f > lw_i ? lw_f : lw_i) * sizeof(T);
 }
 
 template <class T>
 void cholesky_inverse(T* A, int n, int lda, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
-  Handles& h = handles();
   check_workspace(bytes, cholesky_inverse_workspace<T>(n, lda, stream), "kdist::cusolver::cholesky_inverse");
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   const int lw = static_cast<int>(bytes / sizeof(T));
   T* work = static_cast<T*>(workspace);
-  KDIST_CUSOLVER_CHECK(potrf(h.solver, n, A, lda, work, lw, dev_info));
-  KDIST_CUSOLVER_CHECK(potri(h.solver, n, A, lda, work, lw, dev_info + 1));
+  KDIST_CUSOLVER_CHECK(potrf(s.get(), n, A, lda, work, lw, dev_info));
+  KDIST_CUSOLVER_CHECK(potri(s.get(), n, A, lda, work, lw, dev_info + 1));
 }
 
 template <class T>
 std::size_t cholesky_solve_workspace(int n, int lda, cudaStream_t stream) {
-  Handles& h = handles();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   int lw = 0;
-  KDIST_CUSOLVER_CHECK(potrf_buf(h.solver, n, static_cast<T*>(nullptr), lda, &lw));
+  KDIST_CUSOLVER_CHECK(potrf_buf(s.get(), n, static_cast<T*>(nullptr), lda, &lw));
   return static_cast<std::size_t>(lw) * sizeof(T);
 }
 
 template <class T>
 void cholesky_solve_inverse(T* A, int n, int lda, T* B, int ldb, void* workspace, std::size_t bytes, int* dev_info,
                             cudaStream_t stream) {
-  Handles& h = handles();
   check_workspace(bytes, cholesky_solve_workspace<T>(n, lda, stream), "kdist::cusolver::cholesky_solve_inverse");
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   KDIST_CUSOLVER_CHECK(
-      potrf(h.solver, n, A, lda, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
-  KDIST_CUSOLVER_CHECK(potrs(h.solver, n, A, lda, B, ldb, dev_info + 1));
+      potrf(s.get(), n, A, lda, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
+  KDIST_CUSOLVER_CHECK(potrs(s.get(), n, A, lda, B, ldb, dev_info + 1));
 }
 
 template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream) {
-  Handles& h = handles();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   int lw = 0;
-  KDIST_CUSOLVER_CHECK(
-      syevd_buf(h.solver, n, static_cast<const T*>(nullptr), lda, static_cast<const T*>(nullptr), &lw));
+  KDIST_CUSOLVER_CHECK(syevd_buf(s.get(), n, static_cast<const T*>(nullptr), lda, static_cast<const T*>(nullptr), &lw));
   return static_cast<std::size_t>(lw) * sizeof(T);
 }
 
 template <class T>
 void syevd(T* A, int n, int lda, T* w, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
-  Handles& h = handles();
   check_workspace(bytes, syevd_workspace<T>(n, lda, stream), "kdist::cusolver::syevd");
-  std::lock_guard<std::mutex> lock(h.mutex);
-  KDIST_CUSOLVER_CHECK(cusolverDnSetStream(h.solver, stream));
+  const BoundSolver s(stream);
   KDIST_CUSOLVER_CHECK(
-      syevd_run(h.solver, n, A, lda, w, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
+      syevd_run(s.get(), n, A, lda, w, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
 }
 
 template <class T>
