@@ -479,7 +479,7 @@ elif [ ${#R2[@]} -gt 0 ]; then
   done
 fi
 unset NCCL_DEBUG
-[ ${#S2[@]} -gt 0 ] && pool "staged 2 ranks" "$JOBS2" 100 "${S2[@]}"
+[ ${#S2[@]} -gt 0 ] && pool "staged 2 ranks" "$JOBS2" 150 "${S2[@]}"
 
 # The benchmarks use every core for the host side (no OPENBLAS_NUM_THREADS=1 here).
 # shellcheck disable=SC2086 # the *_ARGS variables are argument lists
