@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "reference.hpp"
 #include "test_space.hpp"
@@ -255,6 +256,51 @@ TEMPLATE_TEST_CASE("factor_product equals a triple loop", "[core][products]", fl
         check_factor_product<TestType, Kokkos::LayoutLeft>(s[0], s[1], bias, keep, rng);
         check_factor_product<TestType, Kokkos::LayoutRight>(s[0], s[1], bias, keep, rng);
       }
+}
+
+namespace {
+
+template <class T, class Layout>
+void check_bias_column_teams(int rows, int d, double beta, std::mt19937_64& rng) {
+  INFO("rows " << rows << " d " << d << " beta " << beta
+               << (std::is_same<Layout, Kokkos::LayoutLeft>::value ? " left" : " right"));
+  std::uniform_int_distribution<int> eighths(-16, 16);  // exact sums in float
+  Dense x(static_cast<std::size_t>(rows) * d);
+  for (auto& v : x) v = eighths(rng) / 8.0;
+  const auto X =
+      device_matrix<T, Layout>("X", rows, d, [&](int r, int j) { return x[static_cast<std::size_t>(r) * d + j]; });
+  const auto old = [](int i, int j) { return 0.5 * i - 0.25 * j; };
+  const auto A = device_matrix<T>("A", d + 1, d + 1, old);
+  const T alpha = T(0.5);
+  kdist::impl::bias_column_teams(TestExec(), X, A, alpha, T(beta));
+  const auto Ah = to_host(A);
+  bool ok = true;
+  for (int i = 0; i <= d; ++i)
+    for (int j = 0; j <= d; ++j) {
+      double want = old(i, j);
+      if (j == d) {
+        double sum = rows;
+        if (i < d) {
+          sum = 0;
+          for (int r = 0; r < rows; ++r) sum += x[static_cast<std::size_t>(r) * d + i];
+        }
+        want = 0.5 * sum + beta * old(i, j);
+      }
+      ok = ok && static_cast<double>(Ah(i, j)) == static_cast<double>(static_cast<T>(want));
+    }
+  CHECK(ok);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("factor_product's device bias column (a team per column) equals the column sums", "[core][products]",
+                   float, double) {
+  std::mt19937_64 rng(11);
+  for (const auto& s : {std::pair<int, int>{1, 1}, {64, 33}, {1000, 7}, {0, 3}, {3, 0}})
+    for (double beta : {0.0, 0.5}) {
+      check_bias_column_teams<TestType, Kokkos::LayoutLeft>(s.first, s.second, beta, rng);
+      check_bias_column_teams<TestType, Kokkos::LayoutRight>(s.first, s.second, beta, rng);
+    }
 }
 
 TEST_CASE("FactorUpdate::running_average takes keep in [0, 1)", "[core][products][errors]") {
