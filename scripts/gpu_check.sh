@@ -462,7 +462,7 @@ if [ -n "$probe_entry" ] && selected mpi_probe; then
 fi
 
 # ---- the checks, within the budget (the limits below add up to it) ------------------------------------
-step gpu_smoke gpu_smoke 1 45 "$KIT/bin/gpu_smoke"
+step gpu_smoke gpu_smoke 1 60 "$KIT/bin/gpu_smoke"
 
 [ ${#R1[@]} -gt 0 ] && pool "test 1 rank" "$JOBS1" 110 "${R1[@]}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
