@@ -49,35 +49,25 @@ namespace impl {
 /// pack_upper, one thread per packed entry: reads and writes both walk down the columns.
 template <class ExecSpace, class Full, class Packed>
 void pack_upper_entries(const ExecSpace& exec, const Full& full, const Packed& packed) {
-  Kokkos::parallel_for(
-      "kdist::pack_upper", upper_entries(exec, static_cast<int>(full.extent(0))), KOKKOS_LAMBDA(const std::int64_t k) {
-        int i, j;
-        upper_entry(k, i, j);
-        packed(k) = full(i, j);
-      });
+  for_upper_entries(
+      "kdist::pack_upper", exec, static_cast<int>(full.extent(0)),
+      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t k) { packed(k) = full(i, j); });
 }
 
 /// The upper triangle of `full` from `packed`, one thread per packed entry.
 template <class ExecSpace, class Packed, class Full>
 void unpack_upper_entries(const ExecSpace& exec, const Packed& packed, const Full& full) {
-  Kokkos::parallel_for(
-      "kdist::unpack_upper", upper_entries(exec, static_cast<int>(full.extent(0))),
-      KOKKOS_LAMBDA(const std::int64_t k) {
-        int i, j;
-        upper_entry(k, i, j);
-        full(i, j) = packed(k);
-      });
+  for_upper_entries(
+      "kdist::unpack_upper", exec, static_cast<int>(full.extent(0)),
+      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t k) { full(i, j) = packed(k); });
 }
 
 /// D's upper triangle (diagonal included) := S's, one thread per entry of the triangle.
 template <class ExecSpace, class SV, class DV>
 void copy_upper_entries(const ExecSpace& exec, const char* label, const SV& S, const DV& D) {
-  Kokkos::parallel_for(
-      label, upper_entries(exec, static_cast<int>(D.extent(0))), KOKKOS_LAMBDA(const std::int64_t k) {
-        int i, j;
-        upper_entry(k, i, j);
-        D(i, j) = S(i, j);
-      });
+  for_upper_entries(
+      label, exec, static_cast<int>(D.extent(0)),
+      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t) { D(i, j) = S(i, j); });
 }
 
 /// mirror_upper_to_lower through 32 x 32 tiles in team scratch: a team loads the upper tile

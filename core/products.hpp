@@ -138,8 +138,8 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
       impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, alpha, X.data(), lda, beta, A.data(), ldc);
     }
   }
-  if (bias && !impl::runs_on_host<ExecSpace>()) {
-    impl::bias_column_teams(exec, X, A, alpha, beta);
+  if constexpr (!impl::runs_on_host<ExecSpace>()) {
+    if (bias) impl::bias_column_teams(exec, X, A, alpha, beta);
   } else if (bias) {
     // Upper part of the bias column (scaled column sums of X) and the corner; with beta 0 the
     // old A is not read (it may hold anything), as in BLAS.

@@ -469,10 +469,11 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 if [ ${#R2[@]} -gt 0 ] && [ "$NGPU" -ge 2 ]; then
   pool "test 2 ranks" "$JOBS2" 80 "${R2[@]}"
 elif [ ${#R2[@]} -gt 0 ]; then
-  nccl_duplicate_gpu "$(first_test "${R2[@]}")"
+  dup_entry="$(first_test "${R2[@]}")"
+  nccl_duplicate_gpu "$dup_entry"
   for e in "${R2[@]}"; do
     n="${e%%$'\t'*}"
-    [ "$e" = "$(first_test "${R2[@]}")" ] && continue
+    [ "$e" = "$dup_entry" ] && continue
     s_note="needs 2 GPUs: NCCL refuses two ranks on one GPU"
     grep -q "^$n.staged"$'\t' "$BUNDLE/runlist.tsv" && s_note="$s_note; ran as $n.staged"
     record "$n" "test 2 ranks" 2 0 0 "" skipped "$s_note" "(not run)" ""

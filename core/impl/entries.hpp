@@ -50,5 +50,20 @@ KOKKOS_INLINE_FUNCTION void upper_entry(const std::int64_t k, int& i, int& j) {
   i = static_cast<int>(k - c * (c + 1) / 2);
 }
 
+/// Calls f(i, j, k) once per entry of the upper triangle, one thread each (k its packed index).
+template <class F>
+struct UpperEntries {
+  F f;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k) const {
+    int i, j;
+    upper_entry(k, i, j);
+    f(i, j, k);
+  }
+};
+template <class ExecSpace, class F>
+void for_upper_entries(const char* label, const ExecSpace& exec, int n, const F& f) {
+  Kokkos::parallel_for(label, upper_entries(exec, n), UpperEntries<F>{f});
+}
+
 }  // namespace impl
 }  // namespace kdist
