@@ -231,6 +231,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   while (op.step < steps.size() && !op.finished()) {
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
+      if (c.holding_device_p2p && op.seq < 0 && s.device()) break;
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
       if (!s.transfers.empty() && tag_block_busy(c, op)) break;
       // A step posted in part (or not at all) leaves its peers waiting for the rest: an error here
@@ -275,8 +276,20 @@ void retire(const std::shared_ptr<Operation>& op) {
   if (check_in_flight || (op->state == State::failed && transfers_in_flight(*op))) impl::graveyard().push_back(op);
 }
 
-void progress_core(EngineCore& c) {
-  c.poll_control();
+// The pass's NCCL group; closed before the pass retires anything, and on an exception.
+class NcclPass {
+ public:
+  explicit NcclPass(EngineCore& c) : c_(c) { impl::begin_nccl_pass(c_); }
+  ~NcclPass() { impl::end_nccl_pass(c_); }
+  NcclPass(const NcclPass&) = delete;
+  NcclPass& operator=(const NcclPass&) = delete;
+
+ private:
+  EngineCore& c_;
+};
+
+void advance_all(EngineCore& c) {
+  NcclPass pass(c);
   bool earlier_collectives_pending = false, earlier_checking = false;
   for (std::size_t i = 0; i < c.inflight.size(); ++i) {
     Operation& op = *c.inflight[i];
@@ -290,6 +303,11 @@ void progress_core(EngineCore& c) {
     advance(c, op, earlier_collectives_pending);
     earlier_checking = earlier_checking || op.state == State::checking;
   }
+}
+
+void progress_core(EngineCore& c) {
+  c.poll_control();
+  advance_all(c);
   while (!c.inflight.empty() && c.inflight.front()->finished()) {
     retire(c.inflight.front());
     c.inflight.pop_front();
@@ -503,7 +521,9 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
       impl::post_check(c, *op);
   }
   c.inflight.push_back(op);
+  c.holding_device_p2p = KDIST_ENABLE_NCCL && user_p2p && op->schedule.steps().front().device();
   progress_core(c);
+  c.holding_device_p2p = false;
   return Request(core_, std::move(op));
 }
 

@@ -238,7 +238,11 @@ class Engine {
   /// anything is posted; it fails the Engine, so the other ranks raise RemoteError, not hang. An
   /// error MPI reports in a posted transfer (a receive shorter than its send) fails the Engine
   /// the same way, naming the operation, where MPI returns it (MPICH raises it on
-  /// MPI_COMM_WORLD's error handler: by default the job aborts with MPI's message).
+  /// MPI_COMM_WORLD's error handler: by default the job aborts with MPI's message). With NCCL,
+  /// device send/recv are launched at the next call that progresses the Engine (a wait, test,
+  /// progress(), any other submission), all those submitted since in one NCCL group, as PyTorch's
+  /// batch_isend_irecv does: NCCL matches a send to this rank only inside one group, and a receive
+  /// launched alone would hold its stream until the peer's send.
   template <class Exec, class V>
   Request send(const Exec& exec, const V& v, int dest, int tag, std::string label = "send");
   template <class Exec, class V>

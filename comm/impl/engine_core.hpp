@@ -105,7 +105,7 @@ struct Operation {
   int tag_base = 0;
   bool uses_tags = false;  ///< some step has point-to-point transfers (on tag_base's block)
 #if KDIST_ENABLE_NCCL
-  std::unique_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
+  std::shared_ptr<nccl::Event> nccl_done;  ///< recorded after the step's NCCL calls
 #endif
 
   bool finished() const {
@@ -161,7 +161,17 @@ struct EngineCore {
   std::vector<std::string> replies;
 #if KDIST_ENABLE_NCCL
   std::unique_ptr<nccl::Comm> nccl;
+  /// The completion events of the steps posted in this progress pass's NCCL group, with their
+  /// streams: recorded once the group ends, when NCCL launches its calls.
+  std::vector<std::pair<std::shared_ptr<nccl::Event>, void*>> nccl_unlaunched;
+  bool nccl_pass_open = false;
 #endif
+  /// Set while enqueue progresses a user send/recv with device buffers: such operations are then
+  /// left unposted, so that the next pass (a wait, progress(), any other submission) posts every
+  /// one submitted since in one NCCL group. NCCL, unlike MPI, matches a receive with its send
+  /// only inside one group when both are on this rank, and a receive launched alone blocks its
+  /// stream until the peer's send, which may itself sit behind the peer's receive.
+  bool holding_device_p2p = false;
 
   explicit EngineCore(const Communicator& c) : comm(c) {}
 
@@ -206,6 +216,15 @@ void judge_check(EngineCore& c, Operation& op);
 void post_step(EngineCore& c, Operation& op, const Schedule::Step& s);
 #if KDIST_ENABLE_NCCL
 void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s);
+/// Opens the NCCL group that every step posted in one progress pass joins (with an NCCL
+/// communicator; nested groups inside it launch nothing).
+void begin_nccl_pass(EngineCore& c);
+/// Closes it: NCCL launches the pass's calls, then their events are recorded. An NCCL error fails
+/// the Engine everywhere.
+void end_nccl_pass(EngineCore& c);
+#else
+inline void begin_nccl_pass(EngineCore&) {}
+inline void end_nccl_pass(EngineCore&) {}
 #endif
 
 // ---- stalls (comm/impl/stall_inspector.cpp) ---------------------------------------------------

@@ -118,8 +118,10 @@ Event::~Event() {
 }
 void Event::record(cudaStream_t stream) {
   check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord");
+  recorded_ = true;
 }
 bool Event::done() const {
+  if (!recorded_) return false;
   const cudaError_t rc = cudaEventQuery(event_);
   if (rc == cudaErrorNotReady) return false;
   check_cuda(rc, "cudaEventQuery");

@@ -19,7 +19,8 @@ namespace nccl {
 using kdist::DType;
 enum class Reduce { sum, average, min, max };
 
-/// A CUDA event recorded on a stream: done() once every call enqueued before record() finished.
+/// A CUDA event recorded on a stream: done() once recorded and every call enqueued before
+/// record() finished (never before it is recorded: a group's calls launch at its outermost end).
 class Event {
  public:
   Event();
@@ -31,6 +32,7 @@ class Event {
 
  private:
   cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
 };
 
 /// Opaque 128-byte ncclUniqueId, created on one rank and broadcast by the caller.

@@ -1,6 +1,10 @@
 // Posting a schedule step with device buffers on NCCL (NCCL builds): the step's transfers and
 // collective as one NCCL group on the caller's stream, at the same point of the Engine's ordered
-// stream as an MPI step would be; the step completes when an event recorded after it does. The
+// stream as an MPI step would be; the step completes when an event recorded after it does. Every
+// step posted in one progress pass sits in one outer group, launched when the pass ends: a send
+// and the receive it matches on this rank must share a group, and a receive launched alone would
+// block its stream before this rank's later sends (user send/recv are held for the next pass,
+// comm/engine.cpp). The
 // NCCL communicator is bootstrapped over the payload wire when the Engine is made. NCCL runs on
 // the whole Engine: a collective on a sub-group with device buffers needs staging or GPU-aware MPI.
 #include <kdist/comm/impl/engine_core.hpp>
@@ -57,9 +61,29 @@ void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
     ++c.stats.collective_calls;
     --op.collectives_left;
   }
-  op.nccl_done.reset(new nccl::Event);
-  op.nccl_done->record(stream);
+  op.nccl_done = std::make_shared<nccl::Event>();
+  c.nccl_unlaunched.emplace_back(op.nccl_done, s.stream);
   op.step_posted = true;
+}
+
+void begin_nccl_pass(EngineCore& c) {
+  if (!c.nccl) return;
+  c.nccl->group_start();
+  c.nccl_pass_open = true;
+}
+
+void end_nccl_pass(EngineCore& c) {
+  if (!c.nccl_pass_open) return;
+  c.nccl_pass_open = false;
+  auto posted = std::move(c.nccl_unlaunched);
+  c.nccl_unlaunched.clear();
+  try {
+    c.nccl->group_end();
+    for (auto& [event, stream] : posted) event->record(static_cast<cudaStream_t>(stream));
+  } catch (const std::exception& e) {
+    c.fail_everywhere(std::current_exception(), "error launching NCCL calls on rank " + std::to_string(c.rank) + " (" +
+                                                    std::to_string(posted.size()) + " steps): " + e.what());
+  }
 }
 
 }  // namespace impl
