@@ -286,6 +286,29 @@ void im2col_entries(const ExecSpace& exec, const char* func, const Conv2dGeometr
       });
 }
 
+/// im2col into a LayoutLeft patch matrix on a device: im2col_columns' work items, each a team
+/// whose threads share its output positions, so a team writes down one column and reads along
+/// input rows (both contiguous at stride 1), with one division per entry.
+template <class ExecSpace, class XView, class PView>
+void im2col_column_teams(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                         const PView& patches) {
+  using T = typename PView::value_type;
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, B = g.batch;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding, spatial = OH * OW;
+  Kokkos::parallel_for(
+      func, Policy(exec, g.patch() * B, Kokkos::AUTO), KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+        const int b = team.league_rank() % B, k = team.league_rank() / B;
+        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
+        const int r0 = b * spatial;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, spatial), [&](const int s) {
+          const int i = s / OW, j = s - i * OW;
+          const int h = i * S - P + p, w = j * S - P + q;
+          patches(r0 + s, k) = h >= 0 && h < H && w >= 0 && w < W ? T(x(b, c, h, w)) : T(0);
+        });
+      });
+}
+
 /// col2im from a LayoutLeft patch matrix: one work item per input row (b, c, h) sums, for each
 /// kernel row p that reads it (one division per p), the kernel columns' contiguous runs along j.
 template <class ExecSpace, class PView, class XView>
@@ -375,6 +398,32 @@ constexpr bool is_layout_left() {
   return std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value;
 }
 
+/// im2col's kernel for the space and the patch layout, unchecked (nn::Conv2d calls it per chunk).
+/// Host: the column and row kernels, a loop per work item. Device: every entry its own thread.
+template <class ExecSpace, class XView, class PView>
+void im2col_kernel(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                   const PView& patches) {
+  if constexpr (runs_on_host<ExecSpace>() && is_layout_left<PView>())
+    im2col_columns(exec, func, g, x, patches);
+  else if constexpr (runs_on_host<ExecSpace>())
+    im2col_rows(exec, func, g, x, patches);
+  else if constexpr (is_layout_left<PView>())
+    im2col_column_teams(exec, func, g, x, patches);
+  else
+    im2col_entries(exec, func, g, x, patches);
+}
+
+/// col2im's kernel, unchecked: the column kernel on the host for LayoutLeft, otherwise the gather
+/// over dx's rows.
+template <class ExecSpace, class PView, class XView>
+void col2im_kernel(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                   const XView& dx) {
+  if constexpr (is_layout_left<PView>() && runs_on_host<ExecSpace>())
+    col2im_columns(exec, func, g, patches, dx);
+  else
+    col2im_rows(exec, func, g, patches, dx);
+}
+
 }  // namespace impl
 
 /// patches := im2col(x) for the geometry g (see the header's contract). A LayoutLeft patch
@@ -384,12 +433,7 @@ template <class ExecSpace, class XView, class PView>
 void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, const PView& patches) {
   constexpr const char* func = "kdist::im2col";
   impl::check_im2col<ExecSpace>(func, g, x, patches);
-  if constexpr (!impl::runs_on_host<ExecSpace>())
-    impl::im2col_entries(exec, func, g, x, patches);
-  else if constexpr (impl::is_layout_left<PView>())
-    impl::im2col_columns(exec, func, g, x, patches);
-  else
-    impl::im2col_rows(exec, func, g, x, patches);
+  impl::im2col_kernel(exec, func, g, x, patches);
 }
 
 /// dx := col2im(patches), the adjoint of im2col: a gather over dx, so no atomics.
@@ -397,10 +441,7 @@ template <class ExecSpace, class PView, class XView>
 void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
   constexpr const char* func = "kdist::col2im";
   impl::check_im2col<ExecSpace>(func, g, dx, patches);
-  if constexpr (impl::is_layout_left<PView>() && impl::runs_on_host<ExecSpace>())
-    impl::col2im_columns(exec, func, g, patches, dx);
-  else
-    impl::col2im_rows(exec, func, g, patches, dx);
+  impl::col2im_kernel(exec, func, g, patches, dx);
 }
 
 /// rows((b*H + h)*W + w, c) := y(b, c, h, w).

@@ -133,7 +133,7 @@ class Conv2d : public impl::Affine<T, Mem> {
       const auto P = Kokkos::subview(patches_, rows, Range(0, K));
       static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
                     "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
-      kdist::impl::im2col_columns(exec, func, c, images(x, first, c.batch), P);
+      kdist::impl::im2col_kernel(exec, func, c, images(x, first, c.batch), P);
       if (c.batch == 1 && y.span_is_contiguous()) {
         // One image's output (out x OH·OW, row-major) is the column-major matrix the gemm
         // writes: straight into y, the bias added while it is in cache.
@@ -176,7 +176,7 @@ class Conv2d : public impl::Affine<T, Mem> {
       if (dx.size() == 0) return;
       const auto dP = chunk(dpatches_, c.rows(), c.patch());
       kdist::gemm(exec, "N", "T", T(1), dY, weight_columns(this->W_), T(0), dP);
-      kdist::impl::col2im_columns(exec, func, c, dP, images(dx, first, c.batch));
+      kdist::impl::col2im_kernel(exec, func, c, dP, images(dx, first, c.batch));
     });
     if (this->db_.extent(0) > 0) impl::channel_sums(exec, dy, this->db_);
   }

@@ -81,6 +81,12 @@ void check_im2col(const ConvShape& s, std::mt19937_64& rng) {
   const auto E = stale_matrix<T, Layout>("patches (entries)", s.rows(), s.patch());
   kdist::impl::im2col_entries(TestExec(), "test im2col_entries", geometry(s), X, E);
   CHECK(to_flat(E) == ref);
+  if constexpr (std::is_same<Layout, Kokkos::LayoutLeft>::value) {
+    // The device kernel for column-major patches (a team per column and image).
+    const auto C = stale_matrix<T, Layout>("patches (column teams)", s.rows(), s.patch());
+    kdist::impl::im2col_column_teams(TestExec(), "test im2col_column_teams", geometry(s), X, C);
+    CHECK(to_flat(C) == ref);
+  }
 }
 
 }  // namespace
