@@ -8,8 +8,9 @@
 // shifted by one element or one column is rejected with InvalidArgument, A untouched).
 // Scratch comes from an InverseWorkspace (core/inverse_workspace.hpp): pass one to reuse it
 // across calls, so that a call of a size seen before allocates nothing; without one a temporary
-// is made. Each call synchronises `exec` once, to read back the NaN/Inf count, the backends'
-// info and (eigen method) the extreme eigenvalues; the final mirror kernel stays enqueued.
+// is made (on CUDA a Cholesky inverse from order 512 keeps its factor there: one n x n matrix).
+// Each call synchronises `exec` once, to read back the NaN/Inf count, the backends' info and
+// (eigen method) the extreme eigenvalues; the final mirror kernel stays enqueued.
 //
 // Failure contract: non-finite input, or a matrix that is not positive definite after damping,
 // throws kdist::NumericalError naming the operation, the dimension, the damping and the LAPACK
@@ -37,7 +38,7 @@
 namespace kdist {
 
 enum class InverseMethod {
-  cholesky,  ///< potrf + potri: about d^3 flops, the default
+  cholesky,  ///< potrf + potri (cuSOLVER from order 512: potrf + potrs on the identity), the default
   eigen      ///< syevd, then Q diag(1/(lambda + damping)) Q^T: slower, robust to clustered spectra
 };
 
@@ -64,6 +65,8 @@ struct DenseSolver<ExecSpace, T,
   static constexpr const char* factor_stage = "potrf";
   static constexpr const char* invert_stage = "potri";
   static constexpr const char* eigen_stage = "syevd";
+  /// From this order on the inverse goes through potrs (0: never; the host's potri is as fast).
+  static constexpr int solve_from = 0;
 
   static std::size_t cholesky_inverse_bytes(const ExecSpace&, int, int) { return 0; }
   /// In place on the upper triangle of a column-major n x n matrix: info = {potrf, potri}.
@@ -99,7 +102,11 @@ template <class T>
 struct DenseSolver<Kokkos::Cuda, T, void> {
   static constexpr const char* factor_stage = "cusolverDn potrf";
   static constexpr const char* invert_stage = "cusolverDn potri";
+  static constexpr const char* solve_stage = "cusolverDn potrs";
   static constexpr const char* eigen_stage = "cusolverDn syevd";
+  /// potrf + potrs against the identity beat potri from order 512 on an H200 (1.1x at 512, 1.3x
+  /// at 1024, 1.4-1.6x at 2048-8192; 0.9x at 256): docs/performance.md, "GPU kit".
+  static constexpr int solve_from = 512;
 
   static std::size_t cholesky_inverse_bytes(const Kokkos::Cuda& exec, int n, int lda) {
     return cusolver::cholesky_inverse_workspace<T>(n, lda, exec.cuda_stream());
@@ -107,6 +114,14 @@ struct DenseSolver<Kokkos::Cuda, T, void> {
   static void cholesky_inverse(const Kokkos::Cuda& exec, T* a, int n, int lda, void* scratch, std::size_t bytes,
                                int* info) {
     cusolver::cholesky_inverse<T>(a, n, lda, scratch, bytes, info, exec.cuda_stream());
+  }
+  static std::size_t cholesky_solve_bytes(const Kokkos::Cuda& exec, int n, int lda) {
+    return cusolver::cholesky_solve_workspace<T>(n, lda, exec.cuda_stream());
+  }
+  /// b := a^-1 (b holds the identity on entry), a := its Cholesky factor: info = {potrf, potrs}.
+  static void cholesky_solve(const Kokkos::Cuda& exec, T* a, int n, int lda, T* b, int ldb, void* scratch,
+                             std::size_t bytes, int* info) {
+    cusolver::cholesky_solve_inverse<T>(a, n, lda, b, ldb, scratch, bytes, info, exec.cuda_stream());
   }
   static std::size_t syevd_bytes(const Kokkos::Cuda& exec, int n, int lda) {
     return cusolver::syevd_workspace<T>(n, lda, exec.cuda_stream());
@@ -216,6 +231,40 @@ void identity_if_nonfinite(const ExecSpace& exec, const CV& count, const MV& M) 
       });
 }
 
+/// Enqueues the Cholesky inverse of A + gamma I into inv's upper triangle (potri's route) or into
+/// all of inv (potrs' route, from Solver::solve_from on: the factor then lives in the workspace's
+/// first matrix), counting A's NaN/Inf into the workspace. Returns the name of the second stage.
+template <class ExecSpace, class AV, class IV, class Workspace>
+const char* enqueue_cholesky_inverse(const ExecSpace& exec, const AV& A, typename IV::non_const_value_type gamma,
+                                     const IV& inv, Workspace& ws) {
+  using T = typename IV::non_const_value_type;
+  using Solver = DenseSolver<ExecSpace, T>;
+  const int n = static_cast<int>(A.extent(0));
+  const auto bad = ws.impl_nonfinite(exec);
+  if constexpr (Solver::solve_from > 0) {
+    if (n >= Solver::solve_from) {
+      const auto F = ws.impl_matrix(exec, 0, n);
+      copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, F, bad);
+      identity_if_nonfinite(exec, bad, F);
+      Kokkos::parallel_for(
+          "kdist::spd_inverse::identity", entries<typename IV::array_layout>(exec, n, n),
+          KOKKOS_LAMBDA(const int i, const int j) { inv(i, j) = i == j ? T(1) : T(0); });
+      const int ldf = static_cast<int>(F.stride(1)), ldi = static_cast<int>(inv.stride(1));
+      const std::size_t bytes = Solver::cholesky_solve_bytes(exec, n, ldf);
+      Solver::cholesky_solve(exec, F.data(), n, ldf, inv.data(), ldi, ws.impl_solver_scratch(exec, bytes), bytes,
+                             ws.impl_info(exec).data());
+      return Solver::solve_stage;
+    }
+  }
+  copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, inv, bad);
+  identity_if_nonfinite(exec, bad, inv);
+  const int lda = static_cast<int>(inv.stride(1));
+  const std::size_t bytes = Solver::cholesky_inverse_bytes(exec, n, lda);
+  Solver::cholesky_inverse(exec, inv.data(), n, lda, ws.impl_solver_scratch(exec, bytes), bytes,
+                           ws.impl_info(exec).data());
+  return Solver::invert_stage;
+}
+
 /// Enqueues Q := A's upper triangle (counting NaN/Inf into the workspace), then syevd:
 /// w := eigenvalues ascending, Q := eigenvectors. Nothing is read back.
 template <class ExecSpace, class AV, class WV, class QV, class Workspace>
@@ -282,21 +331,17 @@ void spd_inverse(const ExecSpace& exec, const AV& A, double damping, const IV& i
   const T gamma = static_cast<T>(damping);
 
   if (method == InverseMethod::cholesky) {
-    const auto bad = workspace.impl_nonfinite(exec);
-    impl::copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, inv, bad);
-    impl::identity_if_nonfinite(exec, bad, inv);
-    const int lda = static_cast<int>(inv.stride(1));
-    const std::size_t bytes = Solver::cholesky_inverse_bytes(exec, n, lda);
-    Solver::cholesky_inverse(exec, inv.data(), n, lda, workspace.impl_solver_scratch(exec, bytes), bytes,
-                             workspace.impl_info(exec).data());
+    const char* second_stage = impl::enqueue_cholesky_inverse(exec, A, gamma, inv, workspace);
     const impl::SolverStatus st = workspace.impl_read_status(exec);
     if (st.nonfinite) impl::throw_nonfinite(func, n, damping, st.nonfinite, A.label());
     for (int stage = 0; stage < 2; ++stage)
       if (st.info[stage] != 0)
         throw NumericalError(func, n, damping, st.info[stage],
-                             std::string(stage == 0 ? Solver::factor_stage : Solver::invert_stage) +
+                             std::string(stage == 0 ? Solver::factor_stage : second_stage) +
                                  ": matrix is not positive definite after damping (leading minor " +
                                  std::to_string(st.info[stage]) + ")");
+    // potrs' columns are symmetric only to rounding: the upper triangle mirrored keeps every
+    // inverse exactly symmetric, as the packed broadcast of a placed inverse assumes.
     mirror_upper_to_lower(exec, inv);
     return;
   }

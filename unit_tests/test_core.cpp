@@ -411,15 +411,17 @@ TEST_CASE("host syevd workspace is never below LAPACK's minimum (float queries r
   CHECK(kdist::impl::host::syevd_workspace<double>('V', 'U', 40000).lwork == -1);
 }
 
-TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalError, input unchanged",
-                   "[core][inverse][errors]", float, double) {
-  using T = TestType;
+namespace {
+
+template <class T>
+void check_inverse_rejects(int n, std::initializer_list<kdist::InverseMethod> methods) {
+  INFO("n " << n);
   std::mt19937_64 rng(9);
-  const int n = 24;
   auto spec = kdist_test::geometric_spectrum(n, 1.0, 0.1);
   spec[n / 2] = -1.0;  // indefinite even after damping 0.1
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
-  for (auto method : {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen}) {
+  const std::string dimension = "dimension " + std::to_string(n);
+  for (auto method : methods) {
     const auto A = to_view<T>(a, n, "G[2]");
     const auto before = bytes_of(A);
     TestMatrix<T> inv("inv", n, n);
@@ -430,7 +432,7 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
       CHECK(e.dim() == n);
       CHECK(e.damping() == 0.1);
       CHECK_THAT(e.what(), Catch::Contains("kdist::spd_inverse") && Catch::Contains("not positive definite") &&
-                               Catch::Contains("dimension 24") && Catch::Contains("damping 0.1"));
+                               Catch::Contains(dimension) && Catch::Contains("damping 0.1"));
       if (method == kdist::InverseMethod::cholesky) CHECK(e.info() > 0);
       if (method == kdist::InverseMethod::eigen) CHECK_THAT(e.what(), Catch::Contains("tolerance"));
     }
@@ -451,7 +453,7 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
     } catch (const kdist::NumericalError& e) {
       CHECK(e.info() == 0);
       CHECK_THAT(e.what(), Catch::Contains("non-finite input") && Catch::Contains("2 NaN/Inf") &&
-                               Catch::Contains("'A[7]'") && Catch::Contains("dimension 24"));
+                               Catch::Contains("'A[7]'") && Catch::Contains(dimension));
     }
     CHECK(bytes_of(B) == B_before);
 
@@ -463,6 +465,15 @@ TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalErr
     kdist::spd_inverse(TestExec(), to_view<T>(lower_bad, n, "lower_bad"), 1e-3, inv, method);
     CHECK(to_dense(inv) == to_dense(inv_clean));
   }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("spd_inverse: non-SPD and non-finite input throw NumericalError, input unchanged",
+                   "[core][inverse][errors]", float, double) {
+  check_inverse_rejects<TestType>(24, {kdist::InverseMethod::cholesky, kdist::InverseMethod::eigen});
+  // Past DenseSolver::solve_from, where cuSOLVER's route is potrf + potrs.
+  check_inverse_rejects<TestType>(520, {kdist::InverseMethod::cholesky});
 }
 
 TEST_CASE("spd_inverse rejects aliasing and shape errors", "[core][inverse][errors]") {
