@@ -28,10 +28,17 @@
 #   staged 2 ranks every <name>.staged entry with 2 ranks: the staged-MPI build (device views
 #                  through host memory and MPI), both ranks on the one GPU
 #   bench_inverse  kdist::spd_inverse against LAPACK and gemm  [GPU_CHECK_BENCH_INVERSE_ARGS]
+#   bench_inverse_cuda  kdist::spd_inverse on the GPU against cuSOLVER potrf + potri
+#                  [GPU_CHECK_BENCH_INVERSE_CUDA_ARGS]
 #   bench_adasum   2 ranks, Adasum against MPI_Allreduce(SUM)   [GPU_CHECK_BENCH_ADASUM_ARGS]
 #                  (the staged-MPI build's with one GPU)
 #   portability    kdist_portability on the CUDA space and the host (then --smoke if it fails)
 #   fashion_mnist  the MLP with K-FAC, one epoch, 1 rank, on Debian's dataset-fashion-mnist
+#                  (fashion_mnist_cnn: the CNN, the same way)
+#   peers_cuda     perf/peers/side_by_side.sh on this GPU: the main job against PyTorch DDP and
+#                  kfac-pytorch (GPU_CHECK_KFAC_PYTORCH, default .peers/kfac-pytorch: a v0.4.2
+#                  source tree carried with the repository), 1 rank, 300 steps, 2 rounds; skipped
+#                  without a python3 whose torch sees the GPU
 #                  (/usr/share/datasets/fashion-mnist, or the bundle's data/, or GPU_CHECK_DATA);
 #                  skipped, and said so, when absent
 #   staged 3 ranks the <name>.staged entries with 3 ranks (a rank count that is not a power of
@@ -487,6 +494,10 @@ unset NCCL_DEBUG
 step bench_inverse bench 1 30 "$KIT/bin/bench_inverse" \
   ${GPU_CHECK_BENCH_INVERSE_ARGS:---sizes 256,1024,4096 --reps 3} --json "$W/results/bench_inverse.json"
 # shellcheck disable=SC2086
+step bench_inverse_cuda bench 1 45 "$KIT/bin/bench_inverse" --cuda \
+  ${GPU_CHECK_BENCH_INVERSE_CUDA_ARGS:---sizes 256,512,1024,2048,4096 --reps 5} \
+  --json "$W/results/bench_inverse_cuda.json"
+# shellcheck disable=SC2086
 adasum_bin="$KIT/bin/bench_adasum"
 [ "$NGPU" -lt 2 ] && [ -x "$KIT/bin-staged/bench_adasum" ] && adasum_bin="$KIT/bin-staged/bench_adasum"
 # shellcheck disable=SC2086
@@ -515,6 +526,28 @@ elif [ -z "$data" ]; then
 else
   step fashion_mnist example 1 75 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" --model mlp \
     --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist.csv"
+  step fashion_mnist_cnn example 1 90 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" \
+    --model cnn --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist_cnn.csv"
+fi
+
+# The main job against PyTorch (and kfac-pytorch) on this GPU, when the machine's python has torch
+# with CUDA. The peer runs without the kit's libraries on its path (torch brings its own).
+peer_python="$(command -v python3 || true)"
+kfac_dir="${GPU_CHECK_KFAC_PYTORCH:-$ROOT/.peers/kfac-pytorch}"
+if ! selected peers_cuda || [ -z "$data" ]; then
+  :
+elif [ -z "$peer_python" ] || ! env -u LD_LIBRARY_PATH "$peer_python" -c \
+  'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  record peers_cuda bench 1 0 0 "" skipped "no python3 with CUDA torch here" "perf/peers/side_by_side.sh" ""
+else
+  printf '#!/bin/sh\nunset LD_LIBRARY_PATH\nexec %s "$@"\n' "$peer_python" >"$W/peer-python"
+  chmod +x "$W/peer-python"
+  kfac_args=()
+  [ -d "$kfac_dir/kfac" ] && kfac_args=(--kfac-pytorch "$kfac_dir")
+  step peers_cuda bench 1 "${GPU_CHECK_PEERS_LIMIT_S:-150}" env PYTHON="$W/peer-python" MPIEXEC="$MPIEXEC" \
+    bash "$ROOT/perf/peers/side_by_side.sh" --ranks 1 --rounds "${GPU_CHECK_PEERS_ROUNDS:-2}" --steps 300 \
+    --job "$KIT/bin/fashion_mnist" --data "$data" --peer-device cuda --timeout 60 "${kfac_args[@]}" \
+    --json "$W/results/peers_cuda.json"
 fi
 
 # A rank count that is not a power of two, with what is left.

@@ -6,7 +6,11 @@
 #
 #   perf/peers/side_by_side.sh [--rounds 3] [--steps 300] [--ranks 2] [--batch 64]
 #       [--rows "mlp:sgd mlp:kfac cnn:sgd cnn:kfac"] [--kfac-pytorch DIR] [--kdist-only]
-#       [--build build] [--job PATH] [--json FILE] [--timeout 900]
+#       [--build build] [--job PATH] [--data DIR] [--peer-device cpu|cuda] [--json FILE]
+#       [--timeout 900]
+#
+# --peer-device cuda puts the peer's ranks on GPUs (NCCL): the side by side of a CUDA build of
+# kdist (--job, with MPIEXEC naming the MPI that job was built with; PYTHON the python with torch).
 #
 # --timeout bounds each run in seconds (a peer's gloo rank can spin forever once its partner is
 # gone): a run that fails or times out ends the script with status 1 after the table of the
@@ -20,6 +24,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 rounds=3 steps=300 ranks=2 batch=64 rows="mlp:sgd mlp:kfac cnn:sgd cnn:kfac"
 kfac_dir="" kdist_only=0 build="$root/build" json="" job="" run_timeout=900
+data=/usr/share/datasets/fashion-mnist peer_device=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
@@ -32,18 +37,20 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --job) job="$2"; shift 2 ;;
     --json) json="$2"; shift 2 ;;
+    --data) data="$2"; shift 2 ;;
+    --peer-device) peer_device="$2"; shift 2 ;;
     --timeout) run_timeout="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "side_by_side.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-data=/usr/share/datasets/fashion-mnist
 [ -d "$data" ] || { echo "side_by_side.sh: no Fashion-MNIST in $data (sudo apt-get install dataset-fashion-mnist)" >&2; exit 77; }
 job="${job:-$build/examples/fashion_mnist}"
 [ -x "$job" ] || { echo "side_by_side.sh: $job not built (cmake --build $build)" >&2; exit 2; }
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-python=/usr/bin/python3
+python="${PYTHON:-/usr/bin/python3}"
 [ -x "$python" ] || python=python3
+mpiexec="${MPIEXEC:-mpiexec}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -100,7 +107,7 @@ run_peer() {  # model optimizer round
   [ "$2" = kfac ] && extra=(--kfac-pytorch "$kfac_dir")
   bounded "$work/peer.log" "$python" "$root/perf/peers/torch_peer.py" --model "$1" --optimizer "$2" \
     --ranks "$ranks" --batch "$batch" --limit-steps "$steps" --warmup "$(( steps > 20 ? 10 : 1 ))" "${extra[@]}" \
-    --json "$out"
+    --data "$data" --device "$peer_device" --json "$out"
   [ "$status" = 0 ] || give_up "the peer" "$1" "$2" "$status" "$work/peer.log"
   "$python" -c "import json,sys; r=json.load(open('$out')); r.update(side='peer', round=$3); print(json.dumps(r))" \
     >>"$results"
@@ -108,8 +115,8 @@ run_peer() {  # model optimizer round
 
 run_kdist() {  # model optimizer round
   local log="$work/kdist.csv"
-  bounded "$work/kdist.out" mpiexec -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
-    --limit-batches "$steps" --quiet --log "$log"
+  bounded "$work/kdist.out" "$mpiexec" -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
+    --limit-batches "$steps" --data "$data" --quiet --log "$log"
   [ "$status" = 0 ] || give_up kdist "$1" "$2" "$status" "$work/kdist.out"
   "$python" - "$log" "$1" "$2" "$3" >>"$results" <<'EOF'
 import csv, json, sys

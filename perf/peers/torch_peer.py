@@ -3,7 +3,7 @@
 kfac-pytorch's KFACPreconditioner, on the real Fashion-MNIST data.
 
     python3 perf/peers/torch_peer.py --model mlp|cnn --optimizer sgd|kfac [--ranks 2] [--batch 64]
-        [--limit-steps 300] [--kfac-pytorch DIR] [--json FILE]
+        [--limit-steps 300] [--kfac-pytorch DIR] [--device cpu|cuda] [--json FILE]
 
 Each of --ranks processes (gloo, one thread each, the same as kdist's `mpiexec -n 2` with
 OPENBLAS_NUM_THREADS=1) reads its own contiguous shard of every global batch of a seeded
@@ -11,7 +11,8 @@ permutation, normalised with the training set's mean and standard deviation, as 
 nn::ShardedBatches does. SGD: lr 0.05, momentum 0.9 (kdist's defaults); K-FAC: lr 0.1,
 momentum 0, damping 0.3, KL clip 0.03, factors every step, inverses every 10 (kdist's
 defaults), compute method `inverse` (kdist inverts; `--kfac-method eigen` is kfac-pytorch's
-default). The first --warmup steps are not timed. Prints one line with images/s over all ranks;
+default). `--device cuda`: each rank on its own GPU (rank r on GPU r), NCCL instead of gloo, the
+data set on the GPU. The first --warmup steps are not timed. Prints one line with images/s over all ranks;
 --json FILE writes {"peer", "model", "optimizer", "images_per_second", ...}.
 Exit status 3 when torch (or kfac-pytorch under DIR) cannot be imported: the driver skips the
 row and says why.
@@ -77,15 +78,20 @@ def worker(rank, args, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(args.seed)
     x_all, y_all = load_training_set(args.data)
-    model = build_model(args.model)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    model = build_model(args.model).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     precond = make_preconditioner(model, args) if args.optimizer == "kfac" else None
     loss_fn = torch.nn.CrossEntropyLoss()
-    order = torch.randperm(x_all.shape[0], generator=torch.Generator().manual_seed(args.seed))
+    order = torch.randperm(x_all.shape[0], generator=torch.Generator().manual_seed(args.seed)).to(device)
     global_batch = args.batch * args.ranks
     steps = min(args.limit_steps, x_all.shape[0] // global_batch)
 
@@ -101,13 +107,18 @@ def worker(rank, args, queue):
         opt.step()
         return loss
 
+    def settle():  # every rank here and, on a GPU, every kernel finished
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+
     for k in range(args.warmup):
         step(k)
-    dist.barrier()
+    settle()
     t0 = time.perf_counter()
     for k in range(args.warmup, steps):
         loss = step(k)
-    dist.barrier()
+    settle()
     seconds = time.perf_counter() - t0
     if rank == 0:
         queue.put({"images_per_second": global_batch * (steps - args.warmup) / seconds, "seconds": seconds,
@@ -178,6 +189,7 @@ def main():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=0, help="gloo's rendezvous port (0: a free one)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     if args.lr is None:
@@ -192,7 +204,11 @@ def main():
     except ImportError as e:
         print(f"torch_peer: PyTorch is not available ({e}); sudo apt-get install python3-torch", file=sys.stderr)
         return 3
-    peer = f"pytorch {torch.__version__} DDP"
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        print(f"torch_peer: --device cuda needs a GPU per rank ({args.ranks} ranks, "
+              f"{torch.cuda.device_count()} GPUs)", file=sys.stderr)
+        return 3
+    peer = f"pytorch {torch.__version__} DDP" + (" on CUDA" if args.device == "cuda" else "")
     if args.optimizer == "kfac":
         if not args.kfac_pytorch:
             print("torch_peer: --optimizer kfac needs --kfac-pytorch DIR", file=sys.stderr)
@@ -212,7 +228,7 @@ def main():
         print(f"torch_peer: {e}", file=sys.stderr)
         return 1
     row.update({"peer": peer, "model": args.model, "optimizer": args.optimizer, "ranks": args.ranks,
-                "batch": args.batch})
+                "batch": args.batch, "device": args.device})
     print(f"{peer}, {args.model} {args.optimizer}, {args.ranks} ranks x batch {args.batch}: "
           f"{row['images_per_second']:.0f} images/s ({row['steps']} timed steps, loss {row['last_loss']:.4f})")
     if args.json:
