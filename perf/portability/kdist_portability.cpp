@@ -16,7 +16,7 @@
 //                       write t(d) (the blend itself is the syrk's beta)              memory, copy_one
 //   fused_copy n        a gradient into and out of a fusion buffer: 2 x (read n + write n)  memory, copy_one
 //   adasum_pair n       partial sums (read 2 n) and apply (read 2 n, write n)         memory, copy_one
-//   im2col geometry     read the input, write rows x patch                            memory, copy_one
+//   im2col geometry     read the input, write rows x patch (column-major, as nn::Conv2d) memory, copy_one
 //   factor_product n x d  syrk: n d (d + 1) flops                                     compute, gemm_float
 //   precondition g x a  V = G^-1 [dW|db] A^-1: 2 (g^2 a + g a^2) flops                compute, gemm_float
 //   inverse_cholesky d  d^3 flops (potrf d^3/3 + potri 2 d^3/3), double               compute, gemm_double
@@ -208,7 +208,7 @@ class Suite {
 
   void im2col(const kdist::Conv2dGeometry& g, const std::string& name) {
     Kokkos::View<float****, Kokkos::LayoutRight, Mem> x("x", g.batch, g.channels, g.height, g.width);
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> patches("patches", g.rows(), g.patch());
+    Kokkos::View<float**, Kokkos::LayoutLeft, Mem> patches("patches", g.rows(), g.patch());  // as nn::Conv2d
     fill_random(x, 9);
     Exec exec;
     const double bytes = (static_cast<double>(x.size()) + static_cast<double>(patches.size())) * sizeof(float);

@@ -8,7 +8,8 @@ limit, as kdist_portability reports it) and P-bar = the harmonic mean of the eff
 platform set, 0 when any platform lacks the row (Pennycook, Sewall and Lee, 2016: an application
 that does not run somewhere is not portable over a set that includes it). Then the P-bar of each
 kernel over its sizes (the harmonic mean again). A platform is named by its file's "platform"
-context; two files with the same name are an error.
+context; two files with the same name are an error. Rows of a second space in one file
+("kernel@host": a CUDA build's host space) are another platform and are left out, with a note.
 """
 import argparse
 import json
@@ -29,7 +30,10 @@ def load(path):
         rows = {(r["kernel"], str(r["size"])): float(r["efficiency"]) for r in doc["rows"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"pbar.py: {path} is not a kdist_portability --json file: {e}")
-    return name, rows
+    other = [k for k in rows if "@" in k[0]]
+    if other:
+        print(f"pbar.py: {path}: {len(other)} rows of another space (kernel@space) left out", file=sys.stderr)
+    return name, {k: v for k, v in rows.items() if "@" not in k[0]}
 
 
 def main():
