@@ -503,7 +503,7 @@ adasum_bin="$KIT/bin/bench_adasum"
 # shellcheck disable=SC2086
 step bench_adasum bench 2 30 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 2 "$adasum_bin" \
   ${GPU_CHECK_BENCH_ADASUM_ARGS:---reps 3 --max-bytes 16777216} --json "$W/results/bench_adasum.json"
-step kdist_portability bench 1 60 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --platform "gpu-check" \
+step kdist_portability bench 1 60 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --platform "${gpu_line%%,*} (gpu_check)" \
   --reps 3 --json "$W/results/kdist_portability.json"
 if [ -f "$W/res/kdist_portability.res" ] && ! grep -q $'\tpass\t' "$W/res/kdist_portability.res"; then
   step kdist_portability_smoke bench 1 20 "$MPIEXEC" -n 1 "$KIT/bin/kdist_portability" --smoke \
@@ -544,7 +544,7 @@ else
   chmod +x "$W/peer-python"
   kfac_args=()
   [ -d "$kfac_dir/kfac" ] && kfac_args=(--kfac-pytorch "$kfac_dir")
-  step peers_cuda bench 1 "${GPU_CHECK_PEERS_LIMIT_S:-150}" env PYTHON="$W/peer-python" MPIEXEC="$MPIEXEC" \
+  step peers_cuda bench 1 "${GPU_CHECK_PEERS_LIMIT_S:-200}" env PYTHON="$W/peer-python" MPIEXEC="$MPIEXEC" \
     bash "$ROOT/perf/peers/side_by_side.sh" --ranks 1 --rounds "${GPU_CHECK_PEERS_ROUNDS:-2}" --steps 300 \
     --job "$KIT/bin/fashion_mnist" --data "$data" --peer-device cuda --timeout 60 "${kfac_args[@]}" \
     --json "$W/results/peers_cuda.json"

@@ -126,6 +126,19 @@ print(json.dumps({"side": "kdist", "model": sys.argv[2], "optimizer": sys.argv[3
 EOF
 }
 
+# round model optimizer: the row's figures as they come, so a run stopped before the table
+# still leaves them in its log.
+progress() {
+  "$python" - "$results" "$1/$rounds" "$2" "$3" <<'EOF'
+import json, sys
+path, round_, model, opt = sys.argv[1:]
+mine = [r for r in map(json.loads, open(path)) if (r["model"], r["optimizer"], r["round"]) ==
+        (model, opt, int(round_.split("/")[0]))]
+print(f"side_by_side.sh: round {round_}, {model} {opt} done: " +
+      ", ".join(f"{r['side']} {r['images_per_second']:.0f} images/s" for r in mine))
+EOF
+}
+
 for ((r = 1; r <= rounds; ++r)); do
   for row in $rows; do
     model="${row%%:*}" opt="${row##*:}"
@@ -133,7 +146,7 @@ for ((r = 1; r <= rounds; ++r)); do
       run_peer "$model" "$opt" "$r"
     fi
     run_kdist "$model" "$opt" "$r"
-    echo "side_by_side.sh: round $r/$rounds, $model $opt done" >&2
+    progress "$r" "$model" "$opt" >&2
   done
 done
 
