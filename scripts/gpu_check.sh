@@ -34,7 +34,9 @@
 #                  (the staged-MPI build's with one GPU)
 #   portability    kdist_portability on the CUDA space and the host (then --smoke if it fails)
 #   fashion_mnist  the MLP with K-FAC, one epoch, 1 rank, on Debian's dataset-fashion-mnist
-#                  (fashion_mnist_cnn: the CNN, the same way)
+#                  (fashion_mnist_cnn: the CNN, the same way; fashion_mnist_cnn_trace: 300 of
+#                  its steps with --trace, results/cnn_kfac_trace.json, for
+#                  perf/tools/trace_summary.py: each phase per step, each K-FAC hook per layer)
 #   peers_cuda     perf/peers/side_by_side.sh on this GPU: the main job against PyTorch DDP and
 #                  kfac-pytorch (GPU_CHECK_KFAC_PYTORCH, default .peers/kfac-pytorch: a v0.4.2
 #                  source tree carried with the repository), 1 rank, 300 steps, 2 rounds; skipped
@@ -528,6 +530,9 @@ else
     --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist.csv"
   step fashion_mnist_cnn example 1 90 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" \
     --model cnn --optimizer kfac --epochs 1 --data "$data" --log "$W/results/fashion_mnist_cnn.csv"
+  step fashion_mnist_cnn_trace example 1 45 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" \
+    --model cnn --optimizer kfac --epochs 1 --limit-batches 300 --quiet --data "$data" \
+    --trace "$W/results/cnn_kfac_trace.json"
 fi
 
 # The main job against PyTorch (and kfac-pytorch) on this GPU, when the machine's python has torch
