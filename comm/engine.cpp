@@ -218,7 +218,7 @@ bool test_or_fail(EngineCore& c, Operation& op, int& done) {
   return false;
 }
 
-void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
+void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending, bool hold_device_p2p) {
   if (op.finished()) return;
   if (op.state == State::checking) {
     if (!op.check.advance(c.check_wire())) {
@@ -231,7 +231,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending) {
   while (op.step < steps.size() && !op.finished()) {
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
-      if (c.holding_device_p2p && op.seq < 0 && s.device()) break;
+      if (hold_device_p2p && op.seq < 0 && s.device()) break;
       if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
       if (!s.transfers.empty() && tag_block_busy(c, op)) break;
       // A step posted in part (or not at all) leaves its peers waiting for the rest: an error here
@@ -288,7 +288,7 @@ class NcclPass {
   EngineCore& c_;
 };
 
-void advance_all(EngineCore& c) {
+void advance_all(EngineCore& c, bool hold_device_p2p) {
   NcclPass pass(c);
   bool earlier_collectives_pending = false, earlier_checking = false;
   for (std::size_t i = 0; i < c.inflight.size(); ++i) {
@@ -300,14 +300,19 @@ void advance_all(EngineCore& c) {
       earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
       continue;
     }
-    advance(c, op, earlier_collectives_pending);
+    advance(c, op, earlier_collectives_pending, hold_device_p2p);
     earlier_checking = earlier_checking || op.state == State::checking;
   }
 }
 
-void progress_core(EngineCore& c) {
+// hold_device_p2p: enqueue progressing a user send/recv with device buffers. Such operations are
+// then left unposted, so that the next pass (a wait, progress(), any other submission) posts every
+// one submitted since in one NCCL group. NCCL, unlike MPI, matches a receive with its send only
+// inside one group when both are on this rank, and a receive launched alone blocks its stream
+// until the peer's send, which may itself sit behind the peer's receive.
+void progress_core(EngineCore& c, bool hold_device_p2p = false) {
   c.poll_control();
-  advance_all(c);
+  advance_all(c, hold_device_p2p);
   while (!c.inflight.empty() && c.inflight.front()->finished()) {
     retire(c.inflight.front());
     c.inflight.pop_front();
@@ -521,9 +526,7 @@ Request Engine::enqueue(OpDescription what, Schedule schedule, CheckPayload payl
       impl::post_check(c, *op);
   }
   c.inflight.push_back(op);
-  c.holding_device_p2p = KDIST_ENABLE_NCCL && user_p2p && op->schedule.steps().front().device();
-  progress_core(c);
-  c.holding_device_p2p = false;
+  progress_core(c, KDIST_ENABLE_NCCL && user_p2p && op->schedule.steps().front().device());
   return Request(core_, std::move(op));
 }
 

@@ -166,12 +166,6 @@ struct EngineCore {
   std::vector<std::pair<std::shared_ptr<nccl::Event>, void*>> nccl_unlaunched;
   bool nccl_pass_open = false;
 #endif
-  /// Set while enqueue progresses a user send/recv with device buffers: such operations are then
-  /// left unposted, so that the next pass (a wait, progress(), any other submission) posts every
-  /// one submitted since in one NCCL group. NCCL, unlike MPI, matches a receive with its send
-  /// only inside one group when both are on this rank, and a receive launched alone blocks its
-  /// stream until the peer's send, which may itself sit behind the peer's receive.
-  bool holding_device_p2p = false;
 
   explicit EngineCore(const Communicator& c) : comm(c) {}
 
