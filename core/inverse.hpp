@@ -240,27 +240,27 @@ const char* enqueue_cholesky_inverse(const ExecSpace& exec, const AV& A, typenam
   using T = typename IV::non_const_value_type;
   using Solver = DenseSolver<ExecSpace, T>;
   const int n = static_cast<int>(A.extent(0));
+  const bool by_solve = Solver::solve_from > 0 && n >= Solver::solve_from;
+  // The matrix cuSOLVER / LAPACK factors in place: inv itself, or the workspace's for potrs.
+  using Matrix = typename Workspace::matrix_type;  // inv is LayoutLeft and contiguous (checked)
+  const Matrix M = by_solve ? ws.impl_matrix(exec, 0, n) : Matrix(inv.data(), n, n);
   const auto bad = ws.impl_nonfinite(exec);
+  copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, M, bad);
+  identity_if_nonfinite(exec, bad, M);
+  const int ldm = static_cast<int>(M.stride(1));
   if constexpr (Solver::solve_from > 0) {
-    if (n >= Solver::solve_from) {
-      const auto F = ws.impl_matrix(exec, 0, n);
-      copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, F, bad);
-      identity_if_nonfinite(exec, bad, F);
+    if (by_solve) {
       Kokkos::parallel_for(
           "kdist::spd_inverse::identity", entries<typename IV::array_layout>(exec, n, n),
           KOKKOS_LAMBDA(const int i, const int j) { inv(i, j) = i == j ? T(1) : T(0); });
-      const int ldf = static_cast<int>(F.stride(1)), ldi = static_cast<int>(inv.stride(1));
-      const std::size_t bytes = Solver::cholesky_solve_bytes(exec, n, ldf);
-      Solver::cholesky_solve(exec, F.data(), n, ldf, inv.data(), ldi, ws.impl_solver_scratch(exec, bytes), bytes,
-                             ws.impl_info(exec).data());
+      const std::size_t bytes = Solver::cholesky_solve_bytes(exec, n, ldm);
+      Solver::cholesky_solve(exec, M.data(), n, ldm, inv.data(), static_cast<int>(inv.stride(1)),
+                             ws.impl_solver_scratch(exec, bytes), bytes, ws.impl_info(exec).data());
       return Solver::solve_stage;
     }
   }
-  copy_upper_counting_nonfinite(exec, "kdist::spd_inverse::damp", A, gamma, inv, bad);
-  identity_if_nonfinite(exec, bad, inv);
-  const int lda = static_cast<int>(inv.stride(1));
-  const std::size_t bytes = Solver::cholesky_inverse_bytes(exec, n, lda);
-  Solver::cholesky_inverse(exec, inv.data(), n, lda, ws.impl_solver_scratch(exec, bytes), bytes,
+  const std::size_t bytes = Solver::cholesky_inverse_bytes(exec, n, ldm);
+  Solver::cholesky_inverse(exec, M.data(), n, ldm, ws.impl_solver_scratch(exec, bytes), bytes,
                            ws.impl_info(exec).data());
   return Solver::invert_stage;
 }
