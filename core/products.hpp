@@ -7,6 +7,7 @@
 #include <kdist/config.hpp>
 #include <kdist/core/impl/blas_host.hpp>
 #include <kdist/core/packed.hpp>
+#include <kdist/core/phase.hpp>
 #include <kdist/core/views.hpp>
 
 #include <KokkosBlas3_gemm.hpp>
@@ -48,26 +49,18 @@ struct Syrk<Kokkos::Cuda, T, void> {
 #endif
 
 /// The bias column of factor_product on a device space: A(j, d) := alpha * (column sum j of X) +
-/// beta * A(j, d) (A(d, d) from `rows`; with beta 0 the old A is not read). A team per column
-/// sums it in parallel: a thread per column would walk all rows alone (50 176 for a 28 x 28
+/// beta * A(j, d) (A(d, d) from the sum of `rows` ones; with beta 0 the old A is not read). A
+/// team per column: a thread per column would walk all rows alone (50 176 for a 28 x 28
 /// convolution at batch 64), neighbouring threads a column apart.
 template <class ExecSpace, class XView, class AView>
 void bias_column_teams(const ExecSpace& exec, const XView& X, const AView& A,
                        typename AView::non_const_value_type alpha, typename AView::non_const_value_type beta) {
   using T = typename AView::non_const_value_type;
-  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int rows = static_cast<int>(X.extent(0)), d = static_cast<int>(X.extent(1));
-  Kokkos::parallel_for(
-      "kdist::factor_product::bias", Kokkos::TeamPolicy<ExecSpace>(exec, d + 1, Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Team& team) {
-        const int j = team.league_rank();
-        T sum = static_cast<T>(rows);
-        if (j < d)
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, rows), [&](const int r, T& s) { s += X(r, j); }, sum);
-        Kokkos::single(Kokkos::PerTeam(team),
-                       [&] { A(j, d) = beta == T(0) ? alpha * sum : beta * A(j, d) + alpha * sum; });
-      });
+  for_team_sums(
+      "kdist::factor_product::bias", exec, d + 1, rows,
+      KOKKOS_LAMBDA(const int j, const int r) { return j < d ? T(X(r, j)) : T(1); },
+      KOKKOS_LAMBDA(const int j, const T sum) { A(j, d) = beta == T(0) ? alpha * sum : beta * A(j, d) + alpha * sum; });
 }
 
 }  // namespace impl
@@ -128,6 +121,8 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
   const T beta = static_cast<T>(update.keep());
   const int ldc = std::max<int>(1, static_cast<int>(A.stride(1)));
   if (d > 0) {
+    // A region of its own: Kokkos Tools see BLAS / cuBLAS calls only through regions.
+    Phase syrk_phase("kdist::factor_product::syrk");
     if (std::is_same<XLayout, Kokkos::LayoutLeft>::value) {
       // X is column-major rows x d: A = X^T X is syrk('T').
       const int lda = std::max<int>(1, static_cast<int>(X.stride(1)));

@@ -52,10 +52,19 @@ void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, c
       });
 }
 
-/// Y(r, c) += bias(c) for a column-major Y.
+/// Y(r, c) += bias(c) for a column-major Y: a thread per entry on a device (kdist/core/impl/
+/// entries.hpp), a column per work item on the host.
+template <class ExecSpace, class BV, class YV>
+void add_bias_entries(const ExecSpace& exec, const BV& bias, const YV& Y) {
+  Kokkos::parallel_for(
+      "kdist::nn::Conv2d::add_bias",
+      kdist::impl::entries<Kokkos::LayoutLeft>(exec, static_cast<int>(Y.extent(0)), static_cast<int>(Y.extent(1))),
+      KOKKOS_LAMBDA(const int r, const int c) { Y(r, c) += bias(c); });
+}
 template <class ExecSpace, class BV, class YV>
 void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
   using T = typename YV::non_const_value_type;
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return add_bias_entries(exec, bias, Y);
   const int rows = static_cast<int>(Y.extent(0));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::add_bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)), KOKKOS_LAMBDA(const int c) {
@@ -65,12 +74,28 @@ void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
       });
 }
 
-/// db(c) := Σ_{b,h,w} dy(b, c, h, w). Eight running sums, element w of a row going to sum w mod 8:
-/// one sum would chain every addition on the one before (the compiler may not reorder them), and
-/// a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w), a team per channel (for a device: a thread per channel
+/// would leave all but C threads of a GPU idle, each walking B·H·W values alone).
+template <class ExecSpace, class YV, class BV>
+void channel_sums_teams(const ExecSpace& exec, const YV& dy, const BV& db) {
+  using T = typename BV::non_const_value_type;
+  const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
+  kdist::impl::for_team_sums(
+      "kdist::nn::Conv2d::channel_sums", exec, static_cast<int>(db.extent(0)), B * H * W,
+      KOKKOS_LAMBDA(const int c, const int r) {
+        const int b = r / (H * W), hw = r - b * (H * W);
+        return T(dy(b, c, hw / W, hw - hw / W * W));
+      },
+      KOKKOS_LAMBDA(const int c, const T sum) { db(c) = sum; });
+}
+
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w). On the host, eight running sums per channel, element w of a
+/// row going to sum w mod 8: one sum would chain every addition on the one before (the compiler
+/// may not reorder them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
   using T = typename BV::non_const_value_type;
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return channel_sums_teams(exec, dy, db);
   const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),

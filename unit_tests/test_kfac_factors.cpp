@@ -4,6 +4,7 @@
 // reference entry, 1e-5 (float) / 1e-12 (double).
 #include <catch2/catch.hpp>
 #include <kdist/kfac/factors.hpp>
+#include <kdist/kfac/impl/kernels.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -248,4 +249,49 @@ TEST_CASE("factor functions reject the other layer kind and wrong extents, facto
   CHECK(bytes_of(A5) == a5);
   CHECK(bytes_of(A13) == a13);
   CHECK(bytes_of(G3) == g3);
+}
+
+TEMPLATE_TEST_CASE("kfac: the device forms of the gradient copies and the KL dot product equal naive loops", "[kfac]",
+                   float, double) {
+  // The *_entries kernels a GPU runs (a thread per entry), called directly so a host build tests
+  // them; a 1-output and a 1-input layer, with and without a bias.
+  using T = TestType;
+  for (const auto& s : {std::pair<int, int>{1, 1}, {10, 128}, {128, 1568}, {32, 1}}) {
+    for (const bool bias : {false, true}) {
+      const int outputs = s.first, inputs = s.second, a = inputs + (bias ? 1 : 0);
+      INFO("outputs " << outputs << " inputs " << inputs << " bias " << bias);
+      const auto w = [](int i, int j) { return ((i * 7 + j * 3) % 17 - 8) / 8.0; };
+      const auto bv = [](int i) { return ((i * 5) % 11 - 5) / 8.0; };
+      const auto weight = device_matrix<T, Kokkos::LayoutRight>("weight", outputs, inputs, w);
+      Kokkos::View<T*, TestMem> b("b", bias ? outputs : 0);
+      if (bias) kdist_test::fill(b, bv);
+      const auto Wt = device_matrix<T>("Wt", a, outputs, [](int, int) { return -99; });
+      kdist::kfac::impl::gather_gradient_entries(TestExec(), Wt, weight, b, bias);
+      const auto Wh = kdist_test::to_host(Wt);
+      bool gathered = true;
+      for (int i = 0; i < outputs; ++i)
+        for (int j = 0; j < a; ++j) gathered = gathered && double(Wh(j, i)) == (j < inputs ? w(i, j) : bv(i));
+      CHECK(gathered);
+
+      const auto V = device_matrix<T>("V", a, outputs, [](int i, int j) { return ((i + 2 * j) % 9 - 4) / 8.0; });
+      double want = 0;
+      for (int i = 0; i < a; ++i)
+        for (int j = 0; j < outputs; ++j) want += (((i + 2 * j) % 9 - 4) / 8.0) * double(Wh(i, j));
+      CHECK(kdist::kfac::impl::inner_entries(TestExec(), V, Wt) == want);
+      CHECK(kdist::kfac::impl::inner(TestExec(), V, Wt) == want);
+
+      kdist::kfac::impl::scatter_gradient_entries(TestExec(), weight, b, V, T(0.5), bias);
+      const auto wh = kdist_test::to_host(weight);
+      bool scattered = true;
+      for (int i = 0; i < outputs; ++i)
+        for (int j = 0; j < inputs; ++j)
+          scattered = scattered && double(wh(i, j)) == 0.5 * (((j + 2 * i) % 9 - 4) / 8.0);
+      if (bias) {
+        const auto bh = kdist_test::to_host(b);
+        for (int i = 0; i < outputs; ++i)
+          scattered = scattered && double(bh(i)) == 0.5 * (((inputs + 2 * i) % 9 - 4) / 8.0);
+      }
+      CHECK(scattered);
+    }
+  }
 }

@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -227,6 +228,44 @@ TEST_CASE("nn::Conv2d: a batch run in several chunks equals its images run one a
   CHECK(max_relative(dx_batch, dx_images) <= 1e-13);
   CHECK(max_relative(download(batch.weight_gradient()), dw_sum) <= 1e-12);
   CHECK(max_relative(download(batch.bias_gradient()), db_sum) <= 1e-12);
+}
+
+TEMPLATE_TEST_CASE("nn: the device forms of the bias kernels (teams, one thread per entry) equal naive loops", "[nn]",
+                   float, double) {
+  // Called directly, so a host build tests what a GPU runs. Eighths: every sum exact in float.
+  using T = TestType;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> eighths(-16, 16);
+  for (const auto& s : {std::array<int, 4>{1, 1, 1, 1}, {3, 5, 7, 2}, {64, 16, 28, 28}, {2, 3, 1, 40}}) {
+    const int B = s[0], C = s[1], H = s[2], W = s[3];
+    INFO("B " << B << " C " << C << " H " << H << " W " << W);
+    Values dy(std::size_t(B) * C * H * W);
+    for (double& v : dy) v = eighths(rng) / 8.0;
+    const auto dY4 = kdist_test::device_nchw<T>("dy", B, C, H, W, dy);
+    nn::Tensor1<T, TestMem> db("db", C);
+    nn::impl::channel_sums_teams(TestExec(), dY4, db);
+    Values want(C, 0.0);
+    for (std::size_t k = 0; k < dy.size(); ++k) want[k / (std::size_t(H) * W) % C] += dy[k];
+    CHECK(download(db) == want);
+
+    // A rows x C column-major matrix: column sums, then the bias added to every entry.
+    const int rows = B * H * W;
+    const auto at = [&](int r, int c) { return dy[std::size_t(c) * rows + r]; };
+    const auto Y = kdist_test::device_matrix<T>("Y", rows, C, at);
+    nn::impl::column_sums_teams(TestExec(), Y, db);
+    for (int c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int r = 0; r < rows; ++r) sum += at(r, c);
+      want[c] = sum;
+    }
+    CHECK(download(db) == want);
+    nn::impl::add_bias_entries(TestExec(), db, Y);
+    const auto Yh = kdist_test::to_host(Y);
+    bool same = true;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < C; ++c) same = same && double(Yh(r, c)) == double(T(at(r, c) + want[c]));
+    CHECK(same);
+  }
 }
 
 TEST_CASE("nn::ReLU: forward and gradients away from 0, rank 2 and rank 4", "[nn]") {

@@ -5,7 +5,8 @@
 // first run on an H200 measured unpack_upper at 1 GB/s and the triangle mirror at most of an
 // inverse's time. There, kernels run one thread per entry, the fastest index along the view's
 // contiguous one; over a triangle, one thread per entry of the triangle (upper_entries: no idle
-// half, neighbouring threads on neighbouring rows of a column).
+// half, neighbouring threads on neighbouring rows of a column). Sums along a long dimension
+// (a bias gradient over a batch's rows) run a team per sum, its threads along the terms.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -63,6 +64,24 @@ struct UpperEntries {
 template <class ExecSpace, class F>
 void for_upper_entries(const char* label, const ExecSpace& exec, int n, const F& f) {
   Kokkos::parallel_for(label, upper_entries(exec, n), UpperEntries<F>{f});
+}
+
+/// store(j, Σ_{r < terms} term(j, r)) for each j < count: a team per j, its threads along r (a
+/// tree of partial sums, not a chain of `terms` additions in one thread), store called by one
+/// thread of the team. The sum has term's value type.
+template <class ExecSpace, class Term, class Store>
+void for_team_sums(const char* label, const ExecSpace& exec, int count, int terms, const Term& term,
+                   const Store& store) {
+  using T = std::decay_t<decltype(term(0, 0))>;
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<ExecSpace>(exec, count, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& team) {
+        const int j = team.league_rank();
+        T sum = T(0);
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, terms), [&](const int r, T& s) { s += term(j, r); }, sum);
+        Kokkos::single(Kokkos::PerTeam(team), [&] { store(j, sum); });
+      });
 }
 
 }  // namespace impl

@@ -46,11 +46,26 @@ void copy_upper(const Exec& exec, const MV& D, const MV& S) {
       });
 }
 
+// The gradient copies and the KL dot product below walk a row or a column per work item on the
+// host (the loops vectorise); on a device that leaves a thread per output (10 to a few thousand),
+// each walking all inputs alone, so there they run a thread per entry, the fastest index along
+// memory (kdist/core/impl/entries.hpp). The *_entries variants are that device form.
+
+/// gather_gradient, a thread per entry (i, j) of [weight | bias], j fastest.
+template <class Exec, class MV, class GV, class BV>
+void gather_gradient_entries(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
+  const int outputs = static_cast<int>(weight.extent(0)), inputs = static_cast<int>(weight.extent(1));
+  Kokkos::parallel_for(
+      "kdist::kfac::gather_gradient", kdist::impl::entries<Kokkos::LayoutRight>(exec, outputs, inputs + (bias ? 1 : 0)),
+      KOKKOS_LAMBDA(const int i, const int j) { Wt(j, i) = j < inputs ? weight(i, j) : b(i); });
+}
+
 /// Wᵀ := [weight | bias]ᵀ (the bias row only when `bias`): Wᵀ column-major a_dim x outputs,
 /// weight row-major outputs x inputs, so both are walked along memory (a copy, no transpose):
 /// the preconditioner works on Vᵀ = A⁻¹ Wᵀ G⁻¹ for this reason.
 template <class Exec, class MV, class GV, class BV>
 void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) return gather_gradient_entries(exec, Wt, weight, b, bias);
   const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
       "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)), KOKKOS_LAMBDA(const int i) {
@@ -61,9 +76,21 @@ void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV&
       });
 }
 
+/// inner, a thread per entry, i fastest.
+template <class Exec, class MV>
+double inner_entries(const Exec& exec, const MV& V, const MV& W) {
+  double dot = 0;
+  Kokkos::parallel_reduce(
+      "kdist::kfac::kl_dot",
+      kdist::impl::entries<Kokkos::LayoutLeft>(exec, static_cast<int>(W.extent(0)), static_cast<int>(W.extent(1))),
+      KOKKOS_LAMBDA(const int i, const int j, double& sum) { sum += double(V(i, j)) * double(W(i, j)); }, dot);
+  return dot;
+}
+
 /// sum_ij V(i,j) W(i,j) in double, column by column (both column-major).
 template <class Exec, class MV>
 double inner(const Exec& exec, const MV& V, const MV& W) {
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) return inner_entries(exec, V, W);
   const int rows = static_cast<int>(W.extent(0));
   double dot = 0;
   Kokkos::parallel_reduce(
@@ -93,9 +120,25 @@ void unblock_rows(const Exec& exec, const VV& gathered, int block_rows, const MV
       });
 }
 
+/// scatter_gradient, a thread per entry (i, j) of [weight | bias], j fastest.
+template <class Exec, class GV, class BV, class MV, class T>
+void scatter_gradient_entries(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
+  const int outputs = static_cast<int>(weight.extent(0)), inputs = static_cast<int>(weight.extent(1));
+  Kokkos::parallel_for(
+      "kdist::kfac::scatter_gradient",
+      kdist::impl::entries<Kokkos::LayoutRight>(exec, outputs, inputs + (bias ? 1 : 0)),
+      KOKKOS_LAMBDA(const int i, const int j) {
+        if (j < inputs)
+          weight(i, j) = nu * Vt(j, i);
+        else
+          b(i) = nu * Vt(inputs, i);
+      });
+}
+
 /// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
 template <class Exec, class GV, class BV, class MV, class T>
 void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) return scatter_gradient_entries(exec, weight, b, Vt, nu, bias);
   const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
       "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),

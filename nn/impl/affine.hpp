@@ -42,10 +42,21 @@ void affine_forward(const ExecSpace& exec, const WV& W, const BV& b, const XV& X
   kdist::gemm(exec, "N", "T", T(1), X, W, bias ? T(1) : T(0), Y);
 }
 
-/// db(j) := Σ_i dY(i, j), one work item per column.
+/// db(j) := Σ_i dY(i, j), a team per column (for a device).
+template <class ExecSpace, class DYV, class DBV>
+void column_sums_teams(const ExecSpace& exec, const DYV& dY, const DBV& db) {
+  using T = typename DBV::non_const_value_type;
+  kdist::impl::for_team_sums(
+      "kdist::nn::column_sums", exec, static_cast<int>(db.extent(0)), static_cast<int>(dY.extent(0)),
+      KOKKOS_LAMBDA(const int j, const int i) { return T(dY(i, j)); },
+      KOKKOS_LAMBDA(const int j, const T sum) { db(j) = sum; });
+}
+
+/// db(j) := Σ_i dY(i, j): a team per column on a device, a column per work item on the host.
 template <class ExecSpace, class DYV, class DBV>
 void column_sums(const ExecSpace& exec, const DYV& dY, const DBV& db) {
   using T = typename DBV::non_const_value_type;
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return column_sums_teams(exec, dY, db);
   const int rows = static_cast<int>(dY.extent(0));
   Kokkos::parallel_for(
       "kdist::nn::column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)), KOKKOS_LAMBDA(const int j) {
