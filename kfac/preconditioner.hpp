@@ -68,7 +68,8 @@ namespace kfac {
 /// Seconds spent per phase, summed over the steps since the last reset_stats().
 struct Stats {
   long long steps = 0, factor_steps = 0, inverse_steps = 0;
-  double factor_compute = 0;        ///< in the hooks: factor products, EMA, packing
+  double factor_compute = 0;        ///< in the hooks: factor products, EMA, packing (not the
+                                    ///< layer's own queued work, which a hook waits for first)
   double factor_comm_exposed = 0;   ///< in step(): waiting for the factor all-reduce
   double inverse_compute = 0;       ///< inverting own CT and all NCT factors
   double inverse_comm_exposed = 0;  ///< waiting for CT broadcasts and unpacking them
@@ -211,6 +212,9 @@ class Preconditioner {
   /// rows x cols over the reused scratch (the preconditioning's middle product).
   Matrix scratch_matrix(int rows, int cols);
   double phase_end(const execution_space& exec, double t0) const;
+  /// A hook first waits for the work the caller queued on exec (its layer's forward or backward
+  /// on a GPU), so that the hook's time is its own factor's.
+  static void wait_for_queued_work(const execution_space& exec);
   /// A state read and checked, not yet applied (load: applied once every rank has one).
   struct Restore {
     impl::StateCounters counters;
@@ -265,6 +269,7 @@ void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, cons
   require(order_.check_layer("on_forward", l));
   require(order_.check_forward(l));
   if (step_ % options_.factor_every != 0) return order_.advance_forward();
+  wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor A", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
   if (l == 0 && switches_.pipelined) fused_->begin();
@@ -289,6 +294,7 @@ void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const
   require(order_.check_layer("on_backward", l));
   require(order_.check_backward(l));
   if (step_ % options_.factor_every != 0) return order_.advance_backward();
+  wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor G", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
   const Matrix& blended = start_factor(exec, g_index(l));

@@ -36,6 +36,11 @@
 #   --log FILE        with --pack-only: that build's log (make's output), for the failed targets
 #   --staged DIR      with --pack-only: also pack the staged-MPI build in DIR (step 3b)
 #   --no-staged       skip step 3b (the bundle then has no staged-MPI entries)
+#   --kokkos-tools SRC  also build Kokkos Tools' simple kernel timer from SRC (a kokkos/kokkos-tools
+#                     source tree or its bare git mirror) with the host compiler: lib/tools/
+#                     kp_kernel_timer.so and bin/kp_reader, for gpu_check's per-kernel profiles
+#                     (KOKKOS_TOOLS_LIBS; the tool asks Kokkos to fence around every kernel and
+#                     region, so each one's time is its own)
 #   --with-data       also pack Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist, 30 MB)
 #                     if the bundle stays under the limit
 #   --max-mib N       fail if the bundle is larger [KDIST_CUDA_BUNDLE_MAX_MIB, default 60: the
@@ -46,6 +51,8 @@
 # /usr/local/cuda/lib, MPICH 4.0.2, OpenBLAS 0.3.21):
 #   kokkos/kokkos          28848dfa8fc1411873b6a663c4d29ba05712510e (develop, 2025-06-20; 4.6.99)
 #   kokkos/kokkos-kernels  2fc2af19fa7b74b64f3ce7a212c0728afd150c62 (develop, 2025-08-20; 4.7.99)
+#   kokkos/kokkos-tools    758d979 (develop; only profiling/simple-kernel-timer, profiling/all and
+#                          common are unpacked: the mirror lacks a blob of the perfetto connector)
 # Times on 2 cores: Kokkos about 5 min, Kokkos Kernels about 1 min, kdist about 15 min, its staged
 # build (step 3b) about 10 min, xz about 3 min.
 #
@@ -67,6 +74,7 @@
 #                   lib/compat libstdc++ and libgcc_s of the build (used only if the device's are
 #                              older)
 #                   mpich/     mpiexec (Hydra) and hydra_pmi_proxy
+#                   lib/tools/ kp_kernel_timer.so, with bin/kp_reader (--kokkos-tools only)
 #   data/           Fashion-MNIST, as Debian ships it (--with-data only)
 #   runlist.tsv     one line per ctest entry that runs a packed program under mpiexec: name,
 #                   ranks, timeout, will_fail, environment, program (bin/...), arguments; the
@@ -91,6 +99,7 @@ STAGED_LOG=""
 WITH_STAGED=1
 BUILD_RC=unknown
 WITH_DATA=0
+TOOLS_SRC=""
 DATA_DIR=/usr/share/datasets/fashion-mnist
 ARGS=()
 
@@ -108,6 +117,7 @@ while [ $# -gt 0 ]; do
     --jobs) JOBS="$2"; shift 2 ;;
     --pack-only) PACK_ONLY="$2"; shift 2 ;;
     --with-data) WITH_DATA=1; shift ;;
+    --kokkos-tools) TOOLS_SRC="$2"; shift 2 ;;
     --log) BUILD_LOG="$2"; shift 2 ;;
     --staged) STAGED="$2"; shift 2 ;;
     --no-staged) WITH_STAGED=0; shift ;;
@@ -336,6 +346,36 @@ else
   fi
 fi
 
+# Kokkos Tools' simple kernel timer into dir (a C ABI plug-in: built with the host g++, loaded by
+# any Kokkos 4 through KOKKOS_TOOLS_LIBS).
+build_kernel_timer() {  # src dir
+  local src="$1" dir="$2" tree="$2/src" commit=unknown
+  local parts=(profiling/simple-kernel-timer profiling/all common)
+  rm -rf "$dir" && mkdir -p "$tree"
+  if [ -d "$src/profiling/simple-kernel-timer" ]; then
+    for p in "${parts[@]}"; do mkdir -p "$tree/$(dirname "$p")" && cp -a "$src/$p" "$tree/$p"; done
+    commit="$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)"
+  elif git --git-dir="$src" rev-parse --verify -q HEAD >/dev/null 2>&1; then
+    # (the mirror lacks a perfetto blob: git archive says so on stderr and still exits 0)
+    git --git-dir="$src" archive HEAD "${parts[@]}" 2>"$dir/archive.log" | tar -x -C "$tree"
+    commit="$(git --git-dir="$src" rev-parse HEAD)"
+  else
+    die "--kokkos-tools $src: neither a kokkos-tools source tree nor its git mirror"
+  fi
+  local k="$tree/profiling/simple-kernel-timer"
+  local flags=(-O2 -std=c++17 "-I$k" "-I$tree/common/makefile-only" "-I$tree/profiling/all" "-I$tree/common")
+  if ! g++ "${flags[@]}" -shared -fPIC -o "$dir/kp_kernel_timer.so" "$k/kp_kernel_timer.cpp" "$k/kp_shared.cpp" ||
+    ! g++ "${flags[@]}" -o "$dir/kp_reader" "$k/kp_reader.cpp" "$k/kp_shared.cpp"; then
+    die "Kokkos Tools' simple kernel timer did not build from $src"
+  fi
+  echo "$commit" >"$dir/commit"
+}
+if [ -n "$TOOLS_SRC" ]; then
+  mkdir -p "$WORK"
+  build_kernel_timer "$TOOLS_SRC" "$WORK/kokkos-tools"
+  say "kokkos-tools: simple kernel timer built ($(cat "$WORK/kokkos-tools/commit"))"
+fi
+
 # ---- 4: pack --------------------------------------------------------------------------------------
 cache() { sed -n "s/^$1:[A-Z]*=//p" "$BUILD/CMakeCache.txt" | head -1; }
 [ "$(cache KDIST_ENABLE_CUDA)" = ON ] || die "$BUILD is not a KDIST_ENABLE_CUDA build"
@@ -414,6 +454,14 @@ PROXY="$(dirname "$MPIEXEC")/hydra_pmi_proxy"
 cp "$MPIEXEC" "$STAGE/mpich/mpiexec"
 cp "$PROXY" "$STAGE/mpich/hydra_pmi_proxy"
 printf 'mpich/mpiexec\tMPI launcher (%s)\nmpich/hydra_pmi_proxy\tMPI launcher proxy\n' "$MPIEXEC" >>"$KINDS"
+if [ -n "$TOOLS_SRC" ]; then
+  mkdir -p "$STAGE/lib/tools"
+  strip --strip-unneeded -o "$STAGE/lib/tools/kp_kernel_timer.so" "$WORK/kokkos-tools/kp_kernel_timer.so"
+  strip --strip-unneeded -o "$STAGE/bin/kp_reader" "$WORK/kokkos-tools/kp_reader"
+  tools_commit="$(cat "$WORK/kokkos-tools/commit")"
+  printf 'lib/tools/kp_kernel_timer.so\tKokkos Tools simple kernel timer (kokkos-tools %s; KOKKOS_TOOLS_LIBS)\n' "$tools_commit" >>"$KINDS"
+  printf 'bin/kp_reader\tKokkos Tools reader of the kernel timer'"'"'s .dat files (kokkos-tools %s)\n' "$tools_commit" >>"$KINDS"
+fi
 declare -A device_needs=()
 ldd_all="$STAGE/ldd.txt"
 for f in "$STAGE"/bin/* "$STAGE"/bin-staged/* "$STAGE"/mpich/*; do [ -f "$f" ] && { ldd "$f" 2>/dev/null || true; }; done >"$ldd_all"

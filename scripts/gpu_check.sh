@@ -36,7 +36,10 @@
 #   fashion_mnist  the MLP with K-FAC, one epoch, 1 rank, on Debian's dataset-fashion-mnist
 #                  (fashion_mnist_cnn: the CNN, the same way; fashion_mnist_cnn_trace: 300 of
 #                  its steps with --trace, results/cnn_kfac_trace.json, for
-#                  perf/tools/trace_summary.py: each phase per step, each K-FAC hook per layer)
+#                  perf/tools/trace_summary.py: each phase per step, each K-FAC hook per layer;
+#                  cnn_kfac_kernels, cnn_sgd_kernels: 200 CNN steps under Kokkos Tools' simple
+#                  kernel timer, when the bundle has it, kp_reader's table of every kernel and
+#                  region in results/cnn_<optimizer>_kernels.txt)
 #   peers_cuda     perf/peers/side_by_side.sh on this GPU: the main job against PyTorch DDP and
 #                  kfac-pytorch (GPU_CHECK_KFAC_PYTORCH, default .peers/kfac-pytorch: a v0.4.2
 #                  source tree carried with the repository), 1 rank, 300 steps, 2 rounds; skipped
@@ -512,6 +515,13 @@ if [ -f "$W/res/kdist_portability.res" ] && ! grep -q $'\tpass\t' "$W/res/kdist_
     --platform gpu-check-smoke --json "$W/results/kdist_portability_smoke.json"
 fi
 
+# bash -c script: $1 the tool, $2 kp_reader, $3 the table, the rest the program run under the tool
+# in this folder (where the tool writes its <host>-<pid>.dat).
+# shellcheck disable=SC2016 # expanded by that bash, not this one
+KERNEL_PROFILE='rm -f ./*.dat && KOKKOS_TOOLS_LIBS="$1" "${@:4}" >run.log 2>&1; rc=$?; tail -n 4 run.log
+[ "$rc" = 0 ] || exit "$rc"
+"$2" ./*.dat >"$3" && head -n 60 "$3"'
+
 data=""
 for d in "${GPU_CHECK_DATA:-}" /usr/share/datasets/fashion-mnist "$BUNDLE/data/fashion-mnist"; do
   if [ -n "$d" ] && [ -f "$d/train-images-idx3-ubyte.gz" ]; then
@@ -533,6 +543,22 @@ else
   step fashion_mnist_cnn_trace example 1 45 env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" \
     --model cnn --optimizer kfac --epochs 1 --limit-batches 300 --quiet --data "$data" \
     --trace "$W/results/cnn_kfac_trace.json"
+  # Every kernel and region of 200 CNN steps (K-FAC, then SGD for the convolution path alone)
+  # under Kokkos Tools' simple kernel timer: it fences around each, so each time is its own.
+  # kp_reader's table goes to results/cnn_<optimizer>_kernels.txt.
+  for opt in kfac sgd; do
+    if ! selected "cnn_${opt}_kernels"; then
+      :
+    elif [ ! -f "$KIT/lib/tools/kp_kernel_timer.so" ]; then
+      record "cnn_${opt}_kernels" profile 1 0 0 "" skipped \
+        "the bundle has no Kokkos Tools kernel timer (cuda_bundle.sh --kokkos-tools)" "(not run)" ""
+    else
+      step "cnn_${opt}_kernels" profile 1 40 bash -c "$KERNEL_PROFILE" kernel_profile \
+        "$KIT/lib/tools/kp_kernel_timer.so" "$KIT/bin/kp_reader" "$W/results/cnn_${opt}_kernels.txt" \
+        env OPENBLAS_NUM_THREADS=1 "$MPIEXEC" -n 1 "$KIT/bin/fashion_mnist" --model cnn --optimizer "$opt" \
+        --epochs 1 --limit-batches 200 --quiet --data "$data"
+    fi
+  done
 fi
 
 # The main job against PyTorch (and kfac-pytorch) on this GPU, when the machine's python has torch
