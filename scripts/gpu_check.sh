@@ -529,7 +529,10 @@ for d in "${GPU_CHECK_DATA:-}" /usr/share/datasets/fashion-mnist "$BUNDLE/data/f
     break
   fi
 done
-if ! selected fashion_mnist; then
+fashion_steps=(fashion_mnist fashion_mnist_cnn fashion_mnist_cnn_trace cnn_kfac_kernels cnn_sgd_kernels)
+any_fashion=0
+for n in "${fashion_steps[@]}"; do selected "$n" && any_fashion=1; done
+if [ "$any_fashion" = 0 ]; then
   :
 elif [ -z "$data" ]; then
   record fashion_mnist example 1 0 0 "" skipped \
