@@ -16,7 +16,8 @@
 //     (B*H*W) x C with rows((b*H + h)*W + w, c) = y(b, c, h, w); one is the inverse of the other.
 // The patch matrix may have any layout; a LayoutLeft one (each column contiguous over the rows)
 // takes kernels that run along input rows and is what a column-major gemm or syrk reads in place.
-// On a device space (CUDA) im2col and col2im run one thread per element instead, for any layout.
+// On a device space (CUDA) im2col runs a team per patch column and image for a LayoutLeft patch
+// matrix, one thread per entry otherwise; col2im gathers over dx's rows.
 // Views: any layout (indexed through operator()), rank and value type checked at compile time;
 // extents and overlap of input and output checked first: InvalidArgument naming the function,
 // the view's label and extents and the expected ones, nothing written.
@@ -399,7 +400,8 @@ constexpr bool is_layout_left() {
 }
 
 /// im2col's kernel for the space and the patch layout, unchecked (nn::Conv2d calls it per chunk).
-/// Host: the column and row kernels, a loop per work item. Device: every entry its own thread.
+/// Host: the column and row kernels, a loop per work item. Device: a team per column and image
+/// (LayoutLeft), else every entry its own thread.
 template <class ExecSpace, class XView, class PView>
 void im2col_kernel(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
                    const PView& patches) {
