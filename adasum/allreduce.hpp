@@ -129,8 +129,8 @@ comm::Request allreduce_host(comm::Engine& engine, T* data, std::size_t n, comm:
 
 /// In place on a rank-1 contiguous view with tensor boundaries `bounds` (offsets 0 ... n; {0} for
 /// an empty buffer of no tensors, which completes having done nothing but the Engine's check) and
-/// optional labels for messages. `options.hierarchy` and `options.counters` must outlive the
-/// request; so must `v`.
+/// optional labels for messages. The request holds `v` (an unmanaged view's memory must outlive
+/// it), also after a failure; `options.hierarchy` and `options.counters` must outlive the request.
 template <class ExecSpace, class V>
 comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v, std::vector<std::size_t> bounds,
                         std::vector<std::string> labels, const Options& options) {
@@ -140,8 +140,13 @@ comm::Request allreduce(const ExecSpace& exec, comm::Engine& engine, const V& v,
   auto h = Kokkos::create_mirror_view(v);
   Kokkos::deep_copy(exec, h, v);
   compat::fence(exec, "kdist::adasum::allreduce: input ready");
-  std::function<void()> copy_back;
-  if (h.data() != v.data()) copy_back = [h, v, exec] { Kokkos::deep_copy(exec, v, h); };
+  // The request holds h (v itself on a host space): a failed request can leave receives posted
+  // into it after wait() has thrown, and the Engine keeps such an operation, and so h, while MPI
+  // may still write.
+  const bool staged = h.data() != v.data();
+  std::function<void()> copy_back = [h, v, exec, staged] {
+    if (staged) Kokkos::deep_copy(exec, v, h);
+  };
   return impl::allreduce_host<T>(engine, h.data(), h.extent(0), comm::Layout{std::move(bounds), std::move(labels), {}},
                                  options, std::move(copy_back));
 }

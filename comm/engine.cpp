@@ -99,8 +99,8 @@ double env_or(const char* name, double fallback) {
   return v && *v ? std::atof(v) : fallback;
 }
 
-std::vector<std::shared_ptr<Operation>>& graveyard() {
-  static auto* g = new std::vector<std::shared_ptr<Operation>>;  // never freed: MPI may still write
+std::vector<std::shared_ptr<const void>>& graveyard() {
+  static auto* g = new std::vector<std::shared_ptr<const void>>;  // never freed: MPI may still use it
   return *g;
 }
 
@@ -354,9 +354,13 @@ void shutdown(EngineCore& c) {
     MPI_Cancel(&c.ctrl_request);
     MPI_Wait(&c.ctrl_request, MPI_STATUS_IGNORE);
   }
-  // Control sends are small (eager): give them a moment, then leave them to MPI.
+  // Control sends are small (eager): give them a moment, then leave them to MPI, with the
+  // messages they may still read.
   const double until = impl::now() + 1.0;
   while (!c.ctrl_out.empty() && impl::now() < until) c.reap_ctrl_sends();
+  for (auto& sent : c.ctrl_out)
+    impl::graveyard().push_back(std::shared_ptr<const impl::CtrlMsg>(std::move(sent.first)));
+  c.ctrl_out.clear();
   for (auto& op : c.inflight)
     if (op->check.abandon() || transfers_in_flight(*op)) impl::graveyard().push_back(op);
   c.inflight.clear();
@@ -394,12 +398,24 @@ Engine::Engine(const Communicator& comm, EngineOptions options) : core_(std::mak
   // Local identity only: groups made by this Engine carry it, and submit() checks it.
   c.id = impl::g_next_engine_id.fetch_add(1);
   // One all-reduce (MAX; minima as MAX of the complements): the wire id (the largest local id),
-  // the tag blocks and the elements per MPI call every rank can use, and whether any rank asked
-  // for too few tags or a negative count (then every rank throws here, none waits in a collective).
-  long long local[5] = {static_cast<long long>(c.id), ~std::max(2LL, (limit + 1) / Schedule::kMaxTag),
-                        bad_limit ? 1LL : 0LL, ~elements, options.max_call_elements < 0 ? 1LL : 0LL},
-            agreed[5];
-  c.ok(MPI_Allreduce(local, agreed, 5, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  // the tag blocks and the elements per MPI call every rank can use, whether any rank asked for
+  // too few tags or a negative count, and whether the ranks check consistency alike (one that
+  // checks waits for check messages one that does not never sends). On a disagreement every rank
+  // throws here; none waits in a collective.
+  const bool checks = options.check_consistency;
+  long long local[7] = {static_cast<long long>(c.id),
+                        ~std::max(2LL, (limit + 1) / Schedule::kMaxTag),
+                        bad_limit ? 1LL : 0LL,
+                        ~elements,
+                        options.max_call_elements < 0 ? 1LL : 0LL,
+                        checks ? 1LL : 0LL,
+                        checks ? 0LL : 1LL},
+            agreed[7];
+  c.ok(MPI_Allreduce(local, agreed, 7, MPI_LONG_LONG, MPI_MAX, c.check), "MPI_Allreduce (engine id)");
+  if (agreed[5] != 0 && agreed[6] != 0)
+    kdist::impl::throw_invalid("kdist::comm::Engine", "the ranks' EngineOptions::check_consistency differ; rank " +
+                                                          std::to_string(rank_) + "'s is " +
+                                                          (checks ? "true" : "false"));
   if (agreed[2] != 0)
     kdist::impl::throw_invalid("kdist::comm::Engine", "a rank's EngineOptions::tag_limit is below " +
                                                           std::to_string(2 * Schedule::kMaxTag - 1) +

@@ -143,6 +143,8 @@ struct CheckPayload {
 };
 
 struct EngineOptions {
+  /// Check every payload operation across ranks before it moves. Ranks must agree (InvalidArgument on
+  /// every rank at construction otherwise).
   bool check_consistency = true;
   /// Print where every rank is after waiting this long (Horovod's stall inspector). Unset (< 0):
   /// KDIST_STALL_WARNING_SECONDS, else 60. A value set here wins over the environment.

@@ -25,6 +25,7 @@
 #include <kdist/core/phase.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -93,6 +94,16 @@ class FusedAllreducer {
 
   /// Starts an iteration (ready times are measured from here).
   void begin() {
+    // An iteration the caller left without wait() (its own exception) may still have groups in
+    // flight, reading and writing the buffers this one packs into: they finish first. Their
+    // outcome is not read; an Engine failure shows again when this iteration launches.
+    for (Group& g : groups_) {
+      try {
+        g.request.wait();
+      } catch (...) {
+      }
+      g.request = Request();
+    }
     next_ = 0;
     t0_ = now();
   }
@@ -120,7 +131,19 @@ class FusedAllreducer {
       fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::wait: " + std::to_string(next_) + " of " +
                                        std::to_string(tensors_.size()) + " tensors arrived (rank " +
                                        std::to_string(engine_.rank()) + ")"));
-    for (Group& g : groups_) g.request.wait();
+    // Every group, even after one fails (e.g. Adasum's NonFiniteError, after which the Engine
+    // stays usable): a group left in flight would go on reading and writing its fusion buffer
+    // while the next iteration packs into it. The first error is rethrown.
+    std::exception_ptr first;
+    for (Group& g : groups_) {
+      try {
+        g.request.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      g.request = Request();
+    }
+    if (first) std::rethrow_exception(first);
   }
   /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full,
   /// or their upper triangle when marked upper_only).

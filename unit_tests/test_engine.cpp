@@ -128,6 +128,27 @@ TEST_CASE("max_call_elements: the ranks use the smallest; a negative one is refu
                                             Catch::Contains("this rank's is " + std::to_string(bad.max_call_elements)));
 }
 
+// A rank that checks waits for check messages one that does not never sends: both would hang in
+// their first operation. The constructor's agreement refuses it on every rank.
+TEST_CASE("ranks that differ on check_consistency are refused on every rank at construction", "[comm][engine]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  kdist::comm::EngineOptions o;
+  o.check_consistency = me != P - 1;
+  const std::string mine = o.check_consistency ? "true" : "false";
+  if (P > 1)
+    CHECK_THROWS_WITH(Engine(world, o), Catch::Contains("EngineOptions::check_consistency differ") &&
+                                            Catch::Contains("rank " + std::to_string(me) + "'s is " + mine));
+  for (const bool checks : {true, false}) {  // agreeing, either way: an Engine that works
+    o.check_consistency = checks;
+    Engine eng(world, o);
+    auto v = vector_of<double>("v", 3, [](long long) { return 1.0; });
+    eng.allreduce(TestExec(), v, ReduceOp::sum, "v").wait();
+    CHECK(to_host(v)(0) == P);
+    CHECK(eng.stats().check_calls == (checks ? 1 : 0));
+  }
+}
+
 TEST_CASE("send/recv around a ring", "[comm][engine]") {
   Communicator world(MPI_COMM_WORLD);
   Engine eng(world);

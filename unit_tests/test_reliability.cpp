@@ -3,9 +3,11 @@
 // ranks ending with different values.
 #include <catch2/catch.hpp>
 #include <kdist/adasum/allreduce.hpp>
+#include <kdist/adasum/gradient_reduction.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
@@ -30,6 +32,14 @@ Vec filled(const std::string& label, std::size_t n, double value) {
   Vec v(label, n);
   Kokkos::deep_copy(v, value);
   return v;
+}
+// How many entries of v are not `expected`.
+long long entries_other_than(const Vec& v, double expected) {
+  long long n = 0;
+  Kokkos::parallel_reduce(
+      "entries_other_than", Kokkos::RangePolicy<TestExec>(0, v.extent(0)),
+      KOKKOS_LAMBDA(const int i, long long& c) { c += v(i) == expected ? 0 : 1; }, n);
+  return n;
 }
 double first(const Vec& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
@@ -214,6 +224,58 @@ TEST_CASE("an out-of-order ready() on one rank fails every rank instead of hangi
   CHECK_FALSE(eng.healthy());
 }
 
+// A group that fails (Adasum's NonFiniteError, after which the Engine stays usable) must not leave
+// the later groups in flight: the next iteration packs into their buffers. Before the fix wait()
+// stopped at the first error, and the next iteration came back wrong on every rank, alike.
+TEST_CASE("after one fused group fails, wait() still waits for the others: the next iteration is right",
+          "[reliability][fusion][adasum]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int me = world.rank();
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  Engine eng(world);
+  const std::size_t n = std::size_t(1) << 20;  // still moving when the small group's error arrives
+  FA fused(eng, {{"small", 4, false}, {"large", n, false}},
+           kdist::adasum::make_reduction<double, TestMem>(kdist::adasum::GradientReduction::adasum));
+  Vec small("small", 4), large("large", n);
+  Kokkos::deep_copy(small, me == 0 ? std::nan("") : 1.0);
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<TestExec>(0, n), KOKKOS_LAMBDA(const int i) { large(i) = (me + 2) * (1 + i % 7); });
+  fused.begin();
+  fused.ready(TestExec(), 0, small);
+  fused.ready(TestExec(), 1, large);
+  REQUIRE_THROWS_AS(fused.wait(TestExec()), kdist::NonFiniteError);
+  CHECK(eng.healthy());
+  eng.progress();  // retires what has finished: both groups
+  CHECK(eng.in_flight() == 0);
+  // Adasum of equal vectors is that vector, exactly: every entry must come back 1.
+  Kokkos::deep_copy(small, 1.0);
+  Kokkos::deep_copy(large, 1.0);
+  reduce_two(fused, small, large);
+  CHECK(entries_other_than(large, 1.0) == 0);
+  CHECK(first(small) == 1.0);
+}
+
+// An iteration the caller abandons between ready() and wait() (its own exception) leaves its
+// groups in flight; the next begin() lets them finish before anything packs into their buffers.
+TEST_CASE("an abandoned fused iteration finishes before the next one packs", "[reliability][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  using FA = kdist::comm::FusedAllreducer<double, TestMem>;
+  Engine eng(world);
+  const std::size_t n = std::size_t(1) << 20;
+  FA fused(eng, {{"small", 4, false}, {"large", n, false}}, FA::sum());
+  auto small = filled("small", 4, me + 1.0), large = filled("large", n, me + 1.0);
+  fused.begin();
+  fused.ready(TestExec(), 0, small);
+  fused.ready(TestExec(), 1, large);  // no wait(): abandoned
+  Kokkos::deep_copy(small, 1.0);
+  Kokkos::deep_copy(large, 1.0);
+  reduce_two(fused, small, large);
+  CHECK(entries_other_than(large, P) == 0);
+  CHECK(first(small) == P);
+  CHECK(eng.healthy());
+}
+
 // [leaks-comm]: the Engine that fails here is destroyed with a payload collective still posted (a
 // nonblocking collective may be neither cancelled nor freed), so MPICH never releases its payload
 // communicator and LeakSanitizer reports it (issue 8). The sanitizer run runs it apart and expects
@@ -292,6 +354,58 @@ TEST_CASE("a failed operation with its receive posted keeps the buffer alive", "
   } else {
     CHECK_THROWS_AS(eng.allreduce(TestExec(), v, ReduceOp::sum, "after the failure").wait(), RemoteError);
   }
+}
+
+// Adasum on a view: the request holds it (v itself on a host space), like the Engine's own
+// operations, so a failed request that leaves receives posted into it (the Engine then keeps the
+// operation while MPI may write) never writes into memory the caller has let go. Before the fix a
+// host view was held by nothing.
+TEST_CASE("an Adasum request holds its view", "[reliability][adasum]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  auto v = filled("grad", std::size_t(1) << 12, 1.0);
+  const long before = v.use_count();
+  {
+    auto r = kdist::adasum::allreduce(TestExec(), eng, v, {0, v.extent(0)});
+    if (world.size() > 1) CHECK(v.use_count() > before);  // one rank has nothing to send or receive
+    r.wait();
+  }
+  CHECK(first(v) == 1.0);
+}
+
+// A rank that fails before it judges a check that found the ranks disagreeing never joins the
+// mismatch report the others gather: they hear its ABORT meanwhile. Before the fix they blocked in
+// the report's MPI_Allgather for ever.
+TEST_CASE("a peer that fails before judging a mismatched operation: every rank ends with an error, no hang",
+          "[reliability][check][leaks-comm]") {
+  Communicator world(MPI_COMM_WORLD);
+  const int P = world.size(), me = world.rank();
+  if (P < 2) return;
+  const std::string reason = "rank-local failure after submitting";
+  Engine eng(world);
+  auto v = filled("v", 4, 1.0);
+  if (me == P - 1) {
+    auto r = eng.allreduce(TestExec(), v, ReduceOp::sum, "b");  // its check is posted, never judged here
+    MPI_Barrier(MPI_COMM_WORLD);
+    sleep_ms(300);  // the peers find the mismatch meanwhile and start the report
+    try {
+      throw std::runtime_error(reason);
+    } catch (...) {
+      eng.fail(std::current_exception());
+    }
+    CHECK_THROWS_WITH(r.wait(), reason);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    REQUIRE_THROWS_MATCHES(eng.allreduce(TestExec(), v, ReduceOp::sum, "a").wait(), RemoteError,
+                           Catch::Matchers::Predicate<RemoteError>(
+                               [&](const RemoteError& e) {
+                                 const std::string w = e.what();
+                                 return w.find("rank " + std::to_string(P - 1) + " failed") != std::string::npos &&
+                                        w.find(reason) != std::string::npos;
+                               },
+                               "names rank " + std::to_string(P - 1) + " and its reason"));
+  }
+  CHECK_FALSE(eng.healthy());
 }
 
 // MPI reports a receive shorter than its send (MPI_ERR_TRUNCATE) while the Engine tests the

@@ -8,15 +8,18 @@
 // send its first bytes to rank ^ 1 inside the check (CheckPayload), read only once ranks agree.
 //
 // Mismatch: every rank finds it at the same check (checks are posted and judged in submission
-// order), so the blocking all-gather of per-rank records that builds the message is matched
-// everywhere; it runs on the p2p wire, the only one with no other collective traffic. The records
-// also carry how many checks each rank has started; each rank runs its started checks to the end
-// and dummy checks up to the maximum, so no check message is left unmatched. Operations before the
-// failing one were checked and are matched on every rank: they complete.
+// order), so the all-gather of per-rank records that builds the message is matched everywhere; it
+// runs on the p2p wire, the only one with no other collective traffic. The records also carry how
+// many checks each rank has started; each rank runs its started checks to the end and dummy checks
+// up to the maximum, so no check message is left unmatched. Operations before the failing one were
+// checked and are matched on every rank: they complete. A peer may fail before it judges the check
+// (fail(), its Engine destroyed by an exception, a stall): the all-gather and the drain listen to
+// the control channel meanwhile and give up on its ABORT, so every rank ends with an error.
 #include <kdist/comm/impl/engine_core.hpp>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 namespace kdist {
@@ -75,39 +78,83 @@ std::string mismatch_message(const EngineCore& c, const Operation& op, const std
   return os.str();
 }
 
+// Runs `done` (true once the work is complete) until it is, hearing the control channel and
+// applying the stall limits of `op` meanwhile. False when the Engine failed first (a peer's ABORT:
+// a peer that failed never does its part; or this rank's stall timeout), the work left unfinished.
+template <class Done>
+bool finish_or_fail(EngineCore& c, const Operation& op, const Done& done) {
+  const double start = now();
+  bool warned = false;
+  while (!done()) {
+    c.poll_control();
+    if (!c.poisoned) inspect_stall(c, op, now() - start, warned);
+    if (c.poisoned) return false;
+  }
+  return true;
+}
+
 // Runs every check started on this rank to the end, in order, then dummy checks up to the number
 // the busiest rank started, so every check message on the check wire is matched on every rank.
-void drain_checks(EngineCore& c, long long max_started) {
+// Stops when the Engine fails meanwhile: the operations' checks are given up when they retire, a
+// dummy's here (kept while its send may be in flight).
+void drain_checks(EngineCore& c, const Operation& failing, long long max_started) {
   const SignatureCheck::Wire wire = c.check_wire();
   for (auto& o : c.inflight)
-    if (o->check.pending()) o->check.run_to_end(wire);
+    if (o->check.pending() && !finish_or_fail(c, failing, [&] { return o->check.advance(wire); })) return;
   const long long zeros[2 * kSig] = {};
   for (long long k = c.checks_started; k < max_started; ++k) {
-    SignatureCheck dummy;
-    dummy.start(wire, zeros);
-    dummy.run_to_end(wire);
+    auto dummy = std::make_shared<SignatureCheck>();
+    dummy->start(wire, zeros);
+    if (!finish_or_fail(c, failing, [&] { return dummy->advance(wire); })) {
+      if (dummy->abandon()) graveyard().push_back(dummy);
+      return;
+    }
   }
 }
 
-[[noreturn]] void raise_mismatch(EngineCore& c, Operation& op) {
+// Every rank's Record of the failing operation, all-gathered; kept by the graveyard when a peer
+// fails before it joins.
+struct Report {
   Record mine{};
+  std::vector<Record> all;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+[[noreturn]] void raise_mismatch(EngineCore& c, Operation& op) {
+  auto report = std::make_shared<Report>();
+  Record& mine = report->mine;
   std::memcpy(mine.sig, op.sig_send, sizeof(mine.sig));
   mine.checks_started = c.checks_started;
   std::strncpy(mine.label, op.what.label.c_str(), sizeof(mine.label) - 1);
   std::strncpy(mine.plan, op.what.plan.c_str(), sizeof(mine.plan) - 1);
   std::strncpy(mine.layout, op.what.layout.summary().c_str(), sizeof(mine.layout) - 1);
-  std::vector<Record> all(static_cast<std::size_t>(c.size));
+  report->all.resize(static_cast<std::size_t>(c.size));
   // On the point-to-point wire, which carries no other collective: on the check wire ranks may
-  // have posted different numbers of checks before this call.
-  c.ok(MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, c.p2p),
-       "MPI_Allgather (mismatch report)");
+  // have posted different numbers of checks before this call. Nonblocking, so that a peer's
+  // ABORT is still heard: a peer that fails before it judges this check never joins.
+  c.ok(MPI_Iallgather(&mine, sizeof(Record), MPI_BYTE, report->all.data(), sizeof(Record), MPI_BYTE, c.p2p,
+                      &report->request),
+       "MPI_Iallgather (mismatch report)");
+  const bool gathered = finish_or_fail(c, op, [&] {
+    int done = 0;
+    c.ok(MPI_Test(&report->request, &done, MPI_STATUS_IGNORE), "MPI_Test (mismatch report)");
+    return done != 0;
+  });
+  if (!gathered) {
+    graveyard().push_back(report);
+    std::rethrow_exception(c.poisoned);  // the peer's failure (or this rank's stall) fails every operation
+  }
   long long max_started = 0;
-  for (const Record& r : all) max_started = std::max(max_started, r.checks_started);
-  auto e = std::make_exception_ptr(MismatchError(mismatch_message(c, op, all)));
+  for (const Record& r : report->all) max_started = std::max(max_started, r.checks_started);
+  auto e = std::make_exception_ptr(MismatchError(mismatch_message(c, op, report->all)));
+  // This and every later operation fail; earlier ones were checked and still complete. A peer's
+  // failure heard during the drain fails them all with its reason instead; this one keeps the
+  // mismatch every rank found.
+  drain_checks(c, op, max_started);
   if (!c.poisoned) c.poisoned = e;
-  // This and every later operation fail; earlier ones were checked and still complete.
   c.fail_from(op.seq, e);
-  drain_checks(c, max_started);
+  op.error = e;
+  op.state = Operation::State::failed;
   std::rethrow_exception(e);
 }
 

@@ -16,8 +16,9 @@
 //              tag); the two never match each other.
 //
 // Abandoned work: a request of a nonblocking collective may not be freed or cancelled (MPI 3.1
-// §5.12), so operations that can never complete (a peer failed) are moved to a process-wide list
-// that is never freed (graveyard()); MPI may still write into their buffers.
+// §5.12), so operations that can never complete (a peer failed), and whatever else an abandoned
+// request may still use (a mismatch report, a control message), are moved to a process-wide list
+// that is never freed (graveyard()); MPI may still read or write them.
 #pragma once
 
 #include <kdist/comm/engine.hpp>
@@ -115,8 +116,9 @@ struct Operation {
   std::string describe() const;
 };
 
-/// Operations that can never complete but whose requests MPI may still use: never freed.
-std::vector<std::shared_ptr<Operation>>& graveyard();
+/// What abandoned MPI requests may still use (operations that can never complete, their buffers,
+/// messages): never freed.
+std::vector<std::shared_ptr<const void>>& graveyard();
 
 /// Control messages: fixed 512-byte records on the check wire, one tag. ABORT carries a failed
 /// rank's message; QUERY asks where a rank is (sent by a stalled rank); REPLY answers. Every
