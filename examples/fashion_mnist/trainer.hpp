@@ -56,19 +56,37 @@ struct Batch {
   nn::Tensor2<T, Mem> x;
   Kokkos::View<int*, Mem> y;
 };
-inline Batch gather(const nn::Dataset& d, const std::vector<int>& idx) {
-  const std::size_t features = static_cast<std::size_t>(d.features());
-  Batch b{nn::Tensor2<T, Mem>("x", idx.size(), features), Kokkos::View<int*, Mem>("y", idx.size())};
-  auto hx = Kokkos::create_mirror_view(b.x);
-  auto hy = Kokkos::create_mirror_view(b.y);
-  for (std::size_t i = 0; i < idx.size(); ++i) {
-    std::copy_n(d.images.data() + static_cast<std::size_t>(idx[i]) * features, features, &hx(i, 0));
-    hy(i) = d.labels[static_cast<std::size_t>(idx[i])];
+
+// The buffers one kind of batch is gathered into, kept from batch to batch: a GPU build would
+// otherwise allocate and free device memory every step, and freeing it waits for the whole device.
+// gather()'s batch stays valid until the next gather (the 2-argument deep_copy fences before it
+// overwrites a batch the device may still read).
+class BatchBuffer {
+ public:
+  const Batch& gather(const nn::Dataset& d, const std::vector<int>& idx) {
+    const std::size_t features = static_cast<std::size_t>(d.features());
+    if (b_.x.data() == nullptr || b_.x.extent(0) != idx.size() || b_.x.extent(1) != features) {
+      hx_ = {};  // on the host the mirrors are the batch: let go of it before it is replaced
+      hy_ = {};
+      nn::impl::ensure(Exec(), b_.x, "x", idx.size(), features);
+      nn::impl::ensure(Exec(), b_.y, "y", idx.size());
+      hx_ = Kokkos::create_mirror_view(b_.x);
+      hy_ = Kokkos::create_mirror_view(b_.y);
+    }
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      std::copy_n(d.images.data() + static_cast<std::size_t>(idx[i]) * features, features, &hx_(i, 0));
+      hy_(i) = d.labels[static_cast<std::size_t>(idx[i])];
+    }
+    Kokkos::deep_copy(b_.x, hx_);
+    Kokkos::deep_copy(b_.y, hy_);
+    return b_;
   }
-  Kokkos::deep_copy(b.x, hx);
-  Kokkos::deep_copy(b.y, hy);
-  return b;
-}
+
+ private:
+  Batch b_;
+  typename nn::Tensor2<T, Mem>::HostMirror hx_;
+  typename Kokkos::View<int*, Mem>::HostMirror hy_;
+};
 
 // A free function: nvcc takes no KOKKOS_LAMBDA inside a private member function.
 inline void scale_by(const Exec& exec, const Flat& g, T factor) {
@@ -144,7 +162,7 @@ class Trainer {
 
   /// Forward and backward of shard `shard` of global batch k; returns its sample count.
   int train_on(int k, int shard, EpochStats& st) {
-    return forward_backward(gather(data_.train, batches_.indices(k, shard)), st);
+    return forward_backward(train_batch_.gather(data_.train, batches_.indices(k, shard)), st);
   }
   /// --reduce average: the gradients averaged over the ranks (this rank's from `local` of the
   /// `global` samples), preconditioned, and the SGD step. --reduce adasum: adasum_step().
@@ -180,6 +198,7 @@ class Trainer {
   comm::Engine grads_;
   Timeline timeline_;
   nn::ShardedBatches batches_;
+  BatchBuffer train_batch_, test_batch_;
   std::unique_ptr<comm::Engine> kfac_engine_;  // outlives kfac_
   std::unique_ptr<kfac::Preconditioner<T, Mem>> kfac_;
   std::unique_ptr<comm::FusedAllreducer<T, Mem>> fused_;
@@ -290,7 +309,7 @@ inline double Trainer::test_accuracy() {
   for (int first = r * n / P, end = (r + 1) * n / P; first < end; first += 1000) {
     std::vector<int> idx;
     for (int i = first; i < std::min(end, first + 1000); ++i) idx.push_back(i);
-    const Batch b = gather(data_.test, idx);
+    const Batch& b = test_batch_.gather(data_.test, idx);
     correct += loss_.correct(exec, model_.forward(exec, b.x), b.y);
   }
   model_.attach(kfac_.get());
