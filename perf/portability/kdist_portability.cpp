@@ -18,6 +18,9 @@
 //   adasum_pair n       partial sums (read 2 n) and apply (read 2 n, write n)         memory, copy_one
 //   im2col geometry     read the input, write rows x patch (column-major, as nn::Conv2d) memory, copy_one
 //   factor_product n x d  syrk: n d (d + 1) flops                                     compute, gemm_float
+//   factor_update rows x n  K-FAC's factor step (FactorUpdate::running_average: syrk's beta
+//                       blends into the upper triangle, no mirror) on the layer's layout:
+//                       rows n (n + 1) flops over read X + read and write t(n)    roofline_float
 //   precondition g x a  V = G^-1 [dW|db] A^-1: 2 (g^2 a + g a^2) flops                compute, gemm_float
 //   inverse_cholesky d  d^3 flops (potrf d^3/3 + potri 2 d^3/3), double               compute, gemm_double
 //   inverse_eigen d     (4/3 + 2 + 2) d^3 flops: tridiagonal reduction, back-transform,
@@ -27,7 +30,8 @@
 //                       time = the iteration with K-FAC attached minus the one without  compute, gemm_float
 // Sizes come from real models: the main job's MLP and CNN, and ResNet-50's factor dimensions.
 // Each figure is the median of --reps calls after one warm-up. One row per kernel and size:
-// time, achieved (GB/s or GFLOP/s), the limit, efficiency = achieved / limit; --json as every
+// time, achieved (GB/s or GFLOP/s), the limit, efficiency = achieved / limit (roofline_float:
+// the attainable rate min(gemm_float, flops per byte x copy_one)); --json as every
 // bench, with the limits and the platform in its context (perf/portability/pbar.py merges platforms).
 // --smoke: tiny sizes, one repeat (ctest), so that the suite cannot rot.
 #include <CLI/CLI.hpp>
@@ -43,6 +47,7 @@
 #include <kdist/nn/init.hpp>
 
 #include <Kokkos_Random.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -125,11 +130,13 @@ Limits measure_limits(const Settings& s) {
   return l;
 }
 
-/// One row: the kernel, its size, the work per call (bytes or flops) and the limit it is held to.
+/// One row: the kernel, its size, the work per call (bytes or flops) and the limit it is held to
+/// (roofline_float: also the bytes a call moves).
 struct Row {
   std::string kernel, size, limit;
   double seconds = 0, work = 0;
   bool memory = true;
+  double bytes = 0;
 };
 
 template <class Exec>
@@ -150,7 +157,11 @@ class Suite {
       : s_(s), limits_(limits), table_(table), suffix_(std::move(suffix)) {}
 
   void add(Row r) {
-    const double achieved = r.work / r.seconds / 1e9, limit = limits_.of(r.limit) / 1e9;
+    const double achieved = r.work / r.seconds / 1e9;
+    const double limit =
+        (r.limit == "roofline_float" ? std::min(limits_.gemm_float, r.work / r.bytes * limits_.copy_one)
+                                     : limits_.of(r.limit)) /
+        1e9;
     table_.row({r.kernel + suffix_, r.size, r.seconds, achieved, r.memory ? "GB/s" : "GFLOP/s", r.limit, limit,
                 limit > 0 ? achieved / limit : 0.0});
   }
@@ -223,6 +234,24 @@ class Suite {
     add({"factor_product", std::to_string(n) + "x" + std::to_string(d), "gemm_float",
          timed(s_.reps, [&] { kdist::factor_product(exec, X, A, 1.0f / static_cast<float>(n)); }),
          static_cast<double>(n) * d * (d + 1.0), false});
+  }
+
+  /// K-FAC's factor step on a layer's input (or output gradient) X, rows x cols, in the layout
+  /// kdist::kfac gets it in: a Dense layer's row-major activations (with a bias, the factor's last
+  /// column from the column sums), a convolution's column-major patches (their ones column, if any,
+  /// already in X).
+  template <class Layout>
+  void factor_update(const std::string& name, int rows, int cols, bool bias) {
+    Kokkos::View<float**, Layout, Mem> X("X", rows, cols);
+    const int n = cols + (bias ? 1 : 0);
+    Matrix<float> A("A", n, n);
+    fill_random(X, 16);
+    Exec exec;
+    const auto update = kdist::FactorUpdate::running_average(0.95);
+    const double triangle = static_cast<double>(kdist::packed_size(static_cast<std::size_t>(n)));
+    add({"factor_update", name, "roofline_float",
+         timed(s_.reps, [&] { kdist::factor_product(exec, X, A, 1.0f / static_cast<float>(rows), bias, update); }),
+         2.0 * rows * triangle, false, (static_cast<double>(rows) * cols + 2.0 * triangle) * sizeof(float)});
   }
 
   void precondition(int g, int a) {
@@ -331,6 +360,23 @@ void run(const Settings& s, kdist_bench::Table& table, const Limits& limits, con
       s.smoke ? std::vector<std::pair<int, int>>{{16, 17}}
               : std::vector<std::pair<int, int>>{{64, 785}, {512, 785}, {1568, 2304}, {392, 4608}};
   for (const auto& p : products) suite.factor_product(p.first, p.second);
+  // The main job's factors (64 images; conv patches with their ones column) and ResNet-50's 3x3
+  // convolutions (no bias) at 8 images.
+  using Left = Kokkos::LayoutLeft;
+  using Right = Kokkos::LayoutRight;
+  if (s.smoke) {
+    suite.template factor_update<Right>("tiny dense 16x8+1", 16, 8, true);
+    suite.template factor_update<Left>("tiny conv 32x10", 32, 10, false);
+  } else {
+    suite.template factor_update<Right>("mlp fc1 A 64x784+1", 64, 784, true);
+    suite.template factor_update<Left>("cnn conv1 A 50176x26", 50176, 26, false);
+    suite.template factor_update<Left>("cnn conv1 G 50176x16", 50176, 16, false);
+    suite.template factor_update<Left>("cnn conv2 A 12544x401", 12544, 401, false);
+    suite.template factor_update<Left>("cnn conv2 G 12544x32", 12544, 32, false);
+    suite.template factor_update<Right>("cnn fc1 A 64x1568+1", 64, 1568, true);
+    suite.template factor_update<Left>("resnet50 3x3x256 A 1568x2304", 1568, 2304, false);
+    suite.template factor_update<Left>("resnet50 3x3x512 A 392x4608", 392, 4608, false);
+  }
   const std::vector<std::pair<int, int>> layers =
       s.smoke ? std::vector<std::pair<int, int>>{{8, 17}}
               : std::vector<std::pair<int, int>>{{256, 785}, {256, 2304}, {512, 4608}, {2048, 2048}};
