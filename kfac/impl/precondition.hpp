@@ -169,11 +169,12 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
   if (factor_step) {
     ++factor_steps_;
     ++stats_.factor_steps;
-    maybe_replan();
   }
   ++step_;
   ++stats_.steps;
   order_.start_step();
+  // Collective, after the step is whole: a failure here (a peer's) leaves a completed step.
+  if (factor_step) maybe_replan();
 }
 
 template <class T, class M>
