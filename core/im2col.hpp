@@ -59,7 +59,10 @@ struct Conv2dGeometry {
     if (height + 2 * static_cast<long long>(padding) < kernel_h ||
         width + 2 * static_cast<long long>(padding) < kernel_w)
       impl::throw_invalid(func, "the kernel does not fit the padded input: " + describe() + context);
-    // Kernels index rows, patch columns and input elements with int.
+    // Kernels index rows, patch columns and input elements with int; out_h() and out_w() add the
+    // padding in int.
+    if (height + 2 * static_cast<long long>(padding) > INT_MAX || width + 2 * static_cast<long long>(padding) > INT_MAX)
+      impl::throw_invalid(func, "the padded input exceeds int: " + describe() + context);
     const long long rows_ll = static_cast<long long>(batch) * out_h() * out_w();
     const long long input_ll = static_cast<long long>(batch) * channels * height * width;
     const long long patch_ll = static_cast<long long>(channels) * kernel_h * kernel_w;
@@ -113,6 +116,15 @@ struct NchwEntries {
       static_cast<int>(t % W));
   }
 };
+/// B * C * H, the rows the row kernels index with int; InvalidArgument naming `name` beyond it
+/// (an output tensor's rows are not bounded by Conv2dGeometry::validate, which sees the input).
+inline int nchw_row_count(const char* name, int B, int C, int H) {
+  const long long rows = static_cast<long long>(B) * C * H;
+  if (rows > INT_MAX)
+    throw_invalid(name, std::to_string(B) + " x " + std::to_string(C) + " x " + std::to_string(H) +
+                            " rows (batch x channels x height) exceed int");
+  return static_cast<int>(rows);
+}
 template <class ExecSpace, class F>
 void for_each_nchw_entry(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
   const std::int64_t n = static_cast<std::int64_t>(B) * C * H * W;
@@ -125,7 +137,8 @@ void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H,
   if constexpr (!runs_on_host<ExecSpace>())
     for_each_nchw_entry(name, exec, B, C, H, W, f);
   else
-    Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
+    Kokkos::parallel_for(name,
+                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_row_count(name, B, C, H)),
                          NchwRows<F>{f, C, H, W});
 }
 
@@ -138,7 +151,8 @@ struct NchwRowItems {
 };
 template <class ExecSpace, class F>
 void for_rows_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, const F& f) {
-  Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, B * C * H),
+  Kokkos::parallel_for(name,
+                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_row_count(name, B, C, H)),
                        NchwRowItems<F>{f, C, H});
 }
 

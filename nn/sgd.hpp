@@ -17,6 +17,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ class SGD {
       const auto v = velocity_[n];
       Kokkos::parallel_for(
           "kdist::nn::SGD::step", Kokkos::RangePolicy<execution_space>(exec, 0, w.extent(0)),
-          KOKKOS_LAMBDA(const int i) {
+          KOKKOS_LAMBDA(const std::size_t i) {  // a parameter may pass 2^31 entries
             v(i) = mu * v(i) + (g(i) + wd * w(i));
             w(i) -= lr * v(i);
           });

@@ -225,6 +225,21 @@ TEST_CASE("Conv2dGeometry::validate rejects work counts past int, each size alon
   CHECK_NOTHROW(fits.validate("kdist::im2col"));
 }
 
+TEST_CASE("int ranges: a padding past int and an output of more rows than int are refused", "[core][im2col][errors]") {
+  // out_h() adds the padding in int: 1 + 2 * 1.1e9 would overflow it (and gave an empty patch matrix).
+  const kdist::Conv2dGeometry padded{1, 1, 1, 1, 1, 1, 1 << 30, 1100000000};
+  REQUIRE_THROWS_WITH(padded.validate("kdist::im2col"),
+                      Catch::Contains("padded input exceeds int") && Catch::Contains("padding 1100000000"));
+  // The row kernels index B x C x H rows with int; validate() sees an input, not the output they
+  // may run over: the count is checked where they launch, before anything runs.
+  bool ran = false;
+  REQUIRE_THROWS_WITH(kdist::impl::for_rows_nchw("kdist::test::rows", Kokkos::DefaultHostExecutionSpace(), 65536, 65536,
+                                                 1, [&](int, int, int) { ran = true; }),
+                      Catch::Contains("kdist::test::rows") && Catch::Contains("65536 x 65536 x 1 rows"));
+  CHECK_FALSE(ran);
+  CHECK(kdist::impl::nchw_row_count("kdist::test::rows", 32768, 65535, 1) == 32768 * 65535);
+}
+
 TEST_CASE("im2col rejects patches sharing the input's storage", "[core][im2col][errors][overlap]") {
   using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   const ConvShape s{1, 1, 3, 3, 2, 2, 1, 0};  // 9 inputs, 4 x 4 patches

@@ -92,7 +92,7 @@ class BatchBuffer {
 inline void scale_by(const Exec& exec, const Flat& g, T factor) {
   Kokkos::parallel_for(
       "scale_gradient", Kokkos::RangePolicy<Exec>(exec, 0, g.extent(0)),
-      KOKKOS_LAMBDA(const int j) { g(j) *= factor; });
+      KOKKOS_LAMBDA(const std::size_t j) { g(j) *= factor; });
 }
 
 class Trainer {
