@@ -12,8 +12,9 @@
 #                        checkpoint, another run's (model, optimizer, batch, lr, schedule), one
 #                        with no epoch left: refused on every rank naming the field, exit 1, the
 #                        checkpoint it would have overwritten left as it was
-#   check_job.sh peer    JOB MPIEXEC COMPARE   rank 0 fails alone (unwritable --log): rank 1 exits
-#                        non-zero with rank 0's reason
+#   check_job.sh peer    JOB MPIEXEC COMPARE   rank 0 fails alone (unwritable --log, --save-model,
+#                        --checkpoint, --trace; probed before training): rank 1 exits non-zero
+#                        with rank 0's reason
 #   check_job.sh ranks   JOB MPIEXEC COMPARE   1 rank x batch 2b == 2 ranks x batch b (SGD, average)
 #   check_job.sh workers JOB MPIEXEC COMPARE WORKERS
 #                        the workers study (WORKERS: fashion_mnist_workers) at K workers per rank
@@ -116,6 +117,18 @@ case "$mode" in
     cat "$work/err"
     grep -F "(rank 0): " "$work/err" | grep -qF "cannot write '/nonexistent-dir/log.csv'"
     grep -F "(rank 1): " "$work/err" | grep -F "rank 0" | grep -qF "cannot write '/nonexistent-dir/log.csv'"
+    # Every output rank 0 writes is probed before training: both ranks fail at once, naming it.
+    for option in --save-model --checkpoint --trace; do
+      if "$mpiexec" -n 2 "$job" --quiet --seed 3 --epochs 2 --limit-batches 3 "$option" /nonexistent-dir/out \
+        2> "$work/err"; then
+        echo "expected a failure: $option"
+        exit 1
+      fi
+      cat "$work/err"
+      for r in 0 1; do
+        grep -F "(rank $r): " "$work/err" | grep -F "fashion_mnist $option" | grep -qF "cannot write '/nonexistent-dir/out'"
+      done
+    done
     ;;
   ranks)
     run 1 --optimizer sgd --batch 64 --epochs 1 --limit-batches 30 --save-model "$work/one.bin"

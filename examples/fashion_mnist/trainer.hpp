@@ -33,10 +33,12 @@
 #include <unistd.h>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -180,6 +182,9 @@ class Trainer {
 
  private:
   void train(std::unique_ptr<const kdist::StateReader> saved);
+  /// The files rank 0 will write, probed before any training (collective): a bad path ends the
+  /// run on every rank now, with its reason, not after the epochs it would have cost.
+  void check_outputs();
   int forward_backward(const Batch& b, EpochStats& st);
   /// Epoch e from `from` (its step and sums so far); returns its sums over all ranks.
   EpochStats epoch(int e, const Position& from, Progress& progress);
@@ -327,7 +332,26 @@ inline void Trainer::run(std::unique_ptr<const kdist::StateReader> saved) {
   }
 }
 
+inline void Trainer::check_outputs() {
+  const std::string program = program_name(s_.program);
+  std::exception_ptr error;
+  if (world_.rank() == 0) {
+    try {
+      const std::pair<const std::string&, const char*> outputs[] = {{s_.checkpoint, " --checkpoint"},
+                                                                    {s_.save_model, " --save-model"},
+                                                                    {s_.log, " --log"},
+                                                                    {s_.trace, " --trace"}};
+      for (const auto& out : outputs)
+        if (!out.first.empty()) check_file_writable(out.first, (program + out.second).c_str());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  comm::agree_on_outcome(grads_, error, program + " outputs");
+}
+
 inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
+  check_outputs();
   const Position start = saved ? resume(*saved) : Position{};
   saved.reset();  // the checkpoint's bytes are in the model now
   log_lines_ = start.log_lines;
@@ -367,6 +391,16 @@ inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
     }
     save(Position{e + 1, 0, {}, log_lines_});
   }
+  // The model while the Engine can still tell every rank that it could not be written.
+  if (!s_.save_model.empty()) {
+    std::exception_ptr error;
+    try {
+      if (root) save_model(s_.save_model, model_.parameters());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    comm::agree_on_outcome(grads_, error, std::string(program_name(s_.program)) + " --save-model");
+  }
   // Every rank agrees that training ended well before the rank-0-only outputs and the trace's
   // plain MPI gather (a peer's failure raises here, with its reason).
   grads_.finish();
@@ -379,7 +413,6 @@ inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
         "exposed %.2f, preconditioning %.2f\n",
         k.factor_compute, k.factor_comm_exposed, k.inverse_compute, k.inverse_comm_exposed, k.precondition);
   }
-  if (root && !s_.save_model.empty()) save_model(s_.save_model, model_.parameters());
   if (root && !stopped_)
     std::printf("test accuracy %.2f %% after %d epoch(s), %.1f s of training%s%s\n", 100 * last_test, s_.epochs,
                 total_seconds, s_.log.empty() ? "" : (", log " + s_.log).c_str(),
