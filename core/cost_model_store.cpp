@@ -116,9 +116,7 @@ json read_document(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("kdist::CostModelStore::load: cannot open '" + path + "'");
   try {
-    json j;
-    in >> j;
-    return j;
+    return json::parse(in);  // strict: anything after the document is an error, as in a file cut or doubled
   } catch (const std::exception& e) {
     throw Error("kdist::CostModelStore::load: '" + path + "' is not valid JSON: " + e.what());
   }
@@ -147,6 +145,7 @@ CostModelStore CostModelStore::load(const std::string& path) {
     at.enter_entry(i);
     if (!entries[i].is_object()) at.fail("must be an object, got " + shown(entries[i]));
     const CostKey key = read_key(at, entries[i]);
+    if (s.models_.count(key.str())) at.fail("repeats the key " + key.str() + " of an earlier entry");
     s.set(key, read_model(at, entries[i]));
   }
   return s;

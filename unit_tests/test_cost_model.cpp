@@ -266,6 +266,16 @@ TEST_CASE("CostModelStore::load rejects values out of range, naming file, entry 
   std::remove(path.c_str());
 }
 
+TEST_CASE("CostModelStore::load rejects a document with more after it, and a key given twice", "[core][cost]") {
+  const std::string path = "kdist_cost_extra." + std::to_string(world_rank()) + ".json";
+  const std::string good = nlohmann::json{{"version", 1}, {"entries", {good_entry()}}}.dump();
+  CHECK(load_error(path, good + "\n").empty());
+  CHECK_THAT(load_error(path, good + "{\"version\": 7}"), Catch::Contains("is not valid JSON"));
+  CHECK_THAT(load_error(path, nlohmann::json{{"version", 1}, {"entries", {good_entry(), good_entry()}}}.dump()),
+             Catch::Contains("entry 1 (allreduce/float32/2/world)") && Catch::Contains("repeats the key"));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("fit_alpha_beta: huge, non-finite and degenerate inputs get the right error", "[core][cost]") {
   // t = 1e308 used to underflow the normal equations into "sizes are all equal".
   const AlphaBeta flat = fit_alpha_beta({1, 2}, {1e308, 1e308});

@@ -157,9 +157,12 @@ inline Position read_job_fields(const kdist::StateReader& saved, const Settings&
     if (s.schedule == examples::Schedule::cosine) same_integer("job.epochs", s.epochs, "--epochs");
   }
   Position at;
-  at.epoch = static_cast<int>(saved.integer("job.epoch"));
-  at.batch = static_cast<int>(saved.integer("job.batch"));
-  if (at.epoch < 0 || at.batch < 0) saved.refuse("job.epoch", "a negative position");
+  const long long epoch = saved.integer("job.epoch"), batch = saved.integer("job.batch");
+  if (epoch < 0 || batch < 0 || epoch > INT_MAX || batch > INT_MAX)
+    saved.refuse("job.epoch", "position (epoch " + std::to_string(epoch) + ", batch " + std::to_string(batch) +
+                                  ") is not in [0, 2^31)");
+  at.epoch = static_cast<int>(epoch);
+  at.batch = static_cast<int>(batch);
   if (at.epoch >= s.epochs)
     saved.refuse("job.epoch", "the checkpoint's run has finished " + std::to_string(at.epoch) +
                                   " epoch(s): this run's --epochs " + std::to_string(s.epochs) +

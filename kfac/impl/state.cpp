@@ -1,6 +1,7 @@
 #include <kdist/kfac/impl/state.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <functional>
 #include <sstream>
 
@@ -28,9 +29,10 @@ std::vector<int> ints_in(const StateReader& in, const std::string& name, long lo
   }
   return out;
 }
-long long count_in(const StateReader& in, const std::string& name, long long lo) {
+long long count_in(const StateReader& in, const std::string& name, long long lo, long long hi = LLONG_MAX) {
   const long long x = in.integer(name);
   if (x < lo) in.refuse(name, "is " + std::to_string(x) + ", below " + std::to_string(lo));
+  if (x > hi) in.refuse(name, "is " + std::to_string(x) + ", above " + std::to_string(hi));
   return x;
 }
 }  // namespace
@@ -93,7 +95,7 @@ StateCounters read_state_fields(const StateReader& in, const std::string& p, con
   if (ints_in(in, p + "dims", 1, 1 << 30) != shape.dims)
     in.refuse(p + "dims", "factor sizes differ from this preconditioner's");
   StateCounters c;
-  c.ranks = static_cast<int>(count_in(in, p + "ranks", 1));
+  c.ranks = static_cast<int>(count_in(in, p + "ranks", 1, INT_MAX));
   c.step = count_in(in, p + "step", 0);
   c.factor_steps = count_in(in, p + "factor_steps", 0);
   c.replan_after = count_in(in, p + "replan_after", -1);
