@@ -97,13 +97,7 @@ class FusedAllreducer {
     // An iteration the caller left without wait() (its own exception) may still have groups in
     // flight, reading and writing the buffers this one packs into: they finish first. Their
     // outcome is not read; an Engine failure shows again when this iteration launches.
-    for (Group& g : groups_) {
-      try {
-        g.request.wait();
-      } catch (...) {
-      }
-      g.request = Request();
-    }
+    (void)settle_groups();
     next_ = 0;
     t0_ = now();
   }
@@ -134,16 +128,7 @@ class FusedAllreducer {
     // Every group, even after one fails (e.g. Adasum's NonFiniteError, after which the Engine
     // stays usable): a group left in flight would go on reading and writing its fusion buffer
     // while the next iteration packs into it. The first error is rethrown.
-    std::exception_ptr first;
-    for (Group& g : groups_) {
-      try {
-        g.request.wait();
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-      g.request = Request();
-    }
-    if (first) std::rethrow_exception(first);
+    if (const std::exception_ptr first = settle_groups()) std::rethrow_exception(first);
   }
   /// Writes the reduced values back into the tensors' views on `exec` (symmetric ones in full,
   /// or their upper triangle when marked upper_only).
@@ -179,6 +164,19 @@ class FusedAllreducer {
     Request request;
     std::string label;
   };
+  /// Waits for every group's request and clears it; the first error, if any.
+  std::exception_ptr settle_groups() {
+    std::exception_ptr first;
+    for (Group& g : groups_) {
+      try {
+        g.request.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      g.request = Request();
+    }
+    return first;
+  }
   Group make_group(int g, int begin, int end) const {
     Group gr;
     gr.begin = begin;

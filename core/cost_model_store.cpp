@@ -145,7 +145,7 @@ CostModelStore CostModelStore::load(const std::string& path) {
     at.enter_entry(i);
     if (!entries[i].is_object()) at.fail("must be an object, got " + shown(entries[i]));
     const CostKey key = read_key(at, entries[i]);
-    if (s.models_.count(key.str())) at.fail("repeats the key " + key.str() + " of an earlier entry");
+    if (s.has(key)) at.fail("repeats the key " + key.str() + " of an earlier entry");
     s.set(key, read_model(at, entries[i]));
   }
   return s;
