@@ -5,8 +5,9 @@
 //
 // Progress: operations advance in submission order; a step with a collective is posted only when
 // no earlier operation still has a collective to post, so collectives enter MPI (and NCCL) in the
-// same order on every rank. Signatures are judged in submission order too, so every rank raises a
-// mismatch at the same operation.
+// same order on every rank; with NCCL, which has no tags, a composite's device transfers likewise
+// wait for earlier composites' ones. Signatures are judged in submission order too, so every rank
+// raises a mismatch at the same operation.
 #include <kdist/comm/engine.hpp>
 #include <kdist/comm/impl/engine_core.hpp>
 #include <kdist/core/phase.hpp>
@@ -218,11 +219,44 @@ bool test_or_fail(EngineCore& c, Operation& op, int& done) {
   return false;
 }
 
-void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending, bool hold_device_p2p) {
+// NCCL pairs a rank's sends and receives with a peer in the order it launches them; it has no
+// tags. Two composites with device transfers in flight at once could launch theirs in different
+// orders on two ranks (each step waits for the one before it, rank by rank) and swap their data:
+// with NCCL a composite's device transfers post in submission order, which checked operations
+// share on every rank, as collectives do.
+bool nccl_transfers(const EngineCore& c, const Schedule::Step& s) {
+#if KDIST_ENABLE_NCCL
+  return c.nccl && !s.transfers.empty() && s.device();
+#else
+  (void)c;
+  (void)s;
+  return false;
+#endif
+}
+
+bool nccl_transfers_left(const EngineCore& c, const Operation& op) {
+  const auto& steps = op.schedule.steps();
+  for (std::size_t i = op.step; i < steps.size(); ++i)
+    if (nccl_transfers(c, steps[i])) return true;
+  return false;
+}
+
+/// What the operations before the one advancing still hold back, in submission order.
+struct Earlier {
+  bool collectives_pending = false;
+  bool nccl_transfers_pending = false;  ///< composites' device transfers (NCCL)
+
+  void add(const EngineCore& c, const Operation& op) {
+    collectives_pending = collectives_pending || op.collectives_left > 0;
+    nccl_transfers_pending = nccl_transfers_pending || (op.seq >= 0 && nccl_transfers_left(c, op));
+  }
+};
+
+void advance(EngineCore& c, Operation& op, Earlier& earlier, bool hold_device_p2p) {
   if (op.finished()) return;
   if (op.state == State::checking) {
     if (!op.check.advance(c.check_wire())) {
-      earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
+      earlier.add(c, op);
       return;
     }
     impl::judge_check(c, op);
@@ -232,7 +266,8 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending, bo
     Schedule::Step& s = steps[op.step];
     if (!op.step_posted) {
       if (hold_device_p2p && op.seq < 0 && s.device()) break;
-      if (s.collective.kind != Schedule::CollectiveKind::none && earlier_collectives_pending) break;
+      if (s.collective.kind != Schedule::CollectiveKind::none && earlier.collectives_pending) break;
+      if (op.seq >= 0 && earlier.nccl_transfers_pending && nccl_transfers(c, s)) break;
       if (!s.transfers.empty() && tag_block_busy(c, op)) break;
       // A step posted in part (or not at all) leaves its peers waiting for the rest: an error here
       // fails the Engine everywhere, like any other failure, instead of escaping from whichever
@@ -255,7 +290,7 @@ void advance(EngineCore& c, Operation& op, bool& earlier_collectives_pending, bo
     op.step_posted = false;
   }
   if (op.state == State::ready && op.step >= steps.size()) op.state = State::done;
-  if (!op.finished()) earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
+  if (!op.finished()) earlier.add(c, op);
 }
 
 // Whether MPI or NCCL may still read or write the buffers of the step op stopped in.
@@ -290,17 +325,18 @@ class NcclPass {
 
 void advance_all(EngineCore& c, bool hold_device_p2p) {
   NcclPass pass(c);
-  bool earlier_collectives_pending = false, earlier_checking = false;
+  Earlier earlier;
+  bool earlier_checking = false;
   for (std::size_t i = 0; i < c.inflight.size(); ++i) {
     Operation& op = *c.inflight[i];
     // Signatures are judged in submission order, so every rank raises a mismatch at the same
     // operation even when a later check completes first. Operations behind it that need no
     // check (point-to-point) still move: a peer may wait for them before it submits the checks.
     if (op.state == State::checking && earlier_checking) {
-      earlier_collectives_pending = earlier_collectives_pending || op.collectives_left > 0;
+      earlier.add(c, op);
       continue;
     }
-    advance(c, op, earlier_collectives_pending, hold_device_p2p);
+    advance(c, op, earlier, hold_device_p2p);
     earlier_checking = earlier_checking || op.state == State::checking;
   }
 }

@@ -244,7 +244,8 @@ class Engine {
   /// device send/recv are launched at the next call that progresses the Engine (a wait, test,
   /// progress(), any other submission), all those submitted since in one NCCL group, as PyTorch's
   /// batch_isend_irecv does: NCCL matches a send to this rank only inside one group, and a receive
-  /// launched alone would hold its stream until the peer's send.
+  /// launched alone would hold its stream until the peer's send. NCCL has no tags: device
+  /// transfers between two ranks pair up in the order they are posted, whatever their tags.
   template <class Exec, class V>
   Request send(const Exec& exec, const V& v, int dest, int tag, std::string label = "send");
   template <class Exec, class V>
@@ -376,13 +377,20 @@ auto stage_in(const Exec& exec, const V& v) {
     return h;
   }
 }
-/// Wire view for an output (no copy in).
-template <class V>
-auto stage_out(const V& v) {
-  if constexpr (wire_reaches<V>())
+/// Wire view for an output (no copy in): `v` itself when the wire reaches its memory, after a
+/// fence of the caller's instance when MPI writes it (work queued there may still read or write
+/// `v`); NCCL needs none (it writes on the instance's stream). Else a host mirror, copied back on
+/// the instance afterwards.
+template <class Exec, class V>
+auto stage_out(const Exec& exec, const V& v) {
+  if constexpr (wire_reaches<V>()) {
+    if (!KDIST_ENABLE_NCCL || Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible)
+      compat::fence(exec, "kdist::comm: consumers done before MPI writes");
     return v;
-  else
+  } else {
+    (void)exec;
     return Kokkos::create_mirror_view(v);
+  }
 }
 /// After a reduction: divide by the rank count for an average, then copy the wire view to `dst`
 /// (asynchronously on `exec` when they differ).
@@ -453,7 +461,7 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   check_op<T>("kdist::comm::Engine::reduce_scatter", op, static_cast<long long>(out.extent(0)), label);
   const int size = size_;
   auto win = impl::stage_in(exec, in);
-  auto wout = impl::stage_out(out);
+  auto wout = impl::stage_out(exec, out);
   Schedule s(label);
   s.step()
       .on_stream(impl::stream_of(exec))
@@ -469,7 +477,7 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
   check_blocks("kdist::comm::Engine::allgather", out, in, "output");
   using T = typename VOut::non_const_value_type;
   auto win = impl::stage_in(exec, in);
-  auto wout = impl::stage_out(out);
+  auto wout = impl::stage_out(exec, out);
   Schedule s(label);
   s.step()
       .on_stream(impl::stream_of(exec))
@@ -497,7 +505,7 @@ template <class Exec, class V>
 Request Engine::recv(const Exec& exec, const V& v, int source, int tag, std::string label) {
   check_view("kdist::comm::Engine::recv", v);
   using T = typename V::non_const_value_type;
-  auto w = impl::stage_out(v);
+  auto w = impl::stage_out(exec, v);
   Schedule s(label);
   s.step().on_stream(impl::stream_of(exec)).recv(source, Buffer::of(w), tag).then([w, v, exec] {
     if (w.data() != v.data()) Kokkos::deep_copy(exec, v, w);

@@ -29,6 +29,7 @@ void EngineCore::fail_from(long long from_seq, std::exception_ptr e) {
 void EngineCore::poison(std::exception_ptr e) {
   if (!poisoned) poisoned = e;
   fail_from(-1, e);
+  abort_nccl_if_failed(*this);
 }
 
 void EngineCore::fail_everywhere(std::exception_ptr e, const std::string& text) {

@@ -218,9 +218,14 @@ void begin_nccl_pass(EngineCore& c);
 /// Closes it: NCCL launches the pass's calls, then their events are recorded. An NCCL error fails
 /// the Engine everywhere.
 void end_nccl_pass(EngineCore& c);
+/// Once the Engine has failed (poisoned), outside a pass: ncclCommAbort, so that no NCCL kernel
+/// of this rank waits on its stream for a peer that will never launch the other half (the next
+/// fence of that stream, or Kokkos::finalize, would hang). A failed Engine posts nothing more.
+void abort_nccl_if_failed(EngineCore& c) noexcept;
 #else
 inline void begin_nccl_pass(EngineCore&) {}
 inline void end_nccl_pass(EngineCore&) {}
+inline void abort_nccl_if_failed(EngineCore&) noexcept {}
 #endif
 
 // ---- stalls (comm/impl/stall_inspector.cpp) ---------------------------------------------------

@@ -91,6 +91,15 @@ Comm::~Comm() {
   if (impl_ && impl_->comm) ncclCommDestroy(impl_->comm);
 }
 
+void Comm::abort() noexcept {
+  if (!impl_->comm) return;
+  ncclCommAbort(impl_->comm);  // a failure here leaves nothing more to do: the Engine has failed
+  impl_->comm = nullptr;
+}
+bool Comm::aborted() const noexcept {
+  return impl_->comm == nullptr;
+}
+
 void Comm::allreduce(const void* send, void* recv, std::size_t count, DType dtype, Reduce op, cudaStream_t stream) {
   KDIST_NCCL_CHECK(ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), impl_->comm, stream));
 }

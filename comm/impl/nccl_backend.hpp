@@ -43,7 +43,7 @@ UniqueId make_unique_id();
 using BusId = std::array<char, 32>;
 BusId current_bus_id();
 
-/// Owning NCCL communicator (ncclCommDestroy on destruction).
+/// Owning NCCL communicator (ncclCommDestroy on destruction, or abort() before it).
 class Comm {
  public:
   Comm(const UniqueId& id, int nranks, int rank);
@@ -64,6 +64,9 @@ class Comm {
   /// Groups the sends/recvs issued in between into one NCCL launch (pairwise exchanges).
   void group_start();
   void group_end();
+  /// ncclCommAbort: stops this rank's NCCL kernels still waiting for a peer; no call may follow.
+  void abort() noexcept;
+  bool aborted() const noexcept;
 
  private:
   struct Impl;

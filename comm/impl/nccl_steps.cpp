@@ -19,18 +19,10 @@ namespace {
 nccl::Reduce nccl_op(ReduceOp op) {
   return op == ReduceOp::min ? nccl::Reduce::min : op == ReduceOp::max ? nccl::Reduce::max : nccl::Reduce::sum;
 }
-}  // namespace
 
-void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
+// The step's NCCL calls, inside the group its caller opened.
+void enqueue_nccl_calls(EngineCore& c, nccl::Comm& n, const Schedule::Step& s, cudaStream_t stream) {
   using K = Schedule::CollectiveKind;
-  if (s.collective.kind != K::none && s.collective.group.sub())
-    kdist::impl::throw_invalid("kdist::comm::Engine",
-                               "'" + op.what.label +
-                                   "': a collective on a sub-group with device buffers needs "
-                                   "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
-  auto stream = static_cast<cudaStream_t>(s.stream);
-  nccl::Comm& n = *c.nccl;
-  n.group_start();
   for (const auto& t : s.transfers) {
     if (t.is_send)
       n.send(t.buffer.data, t.buffer.count, t.buffer.dtype, t.peer, stream);
@@ -55,8 +47,30 @@ void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
     case K::none:
       break;
   }
+}
+}  // namespace
+
+void post_step_nccl(EngineCore& c, Operation& op, const Schedule::Step& s) {
+  using K = Schedule::CollectiveKind;
+  if (s.collective.kind != K::none && s.collective.group.sub())
+    kdist::impl::throw_invalid("kdist::comm::Engine",
+                               "'" + op.what.label +
+                                   "': a collective on a sub-group with device buffers needs "
+                                   "host staging or GPU-aware MPI (NCCL runs on the whole Engine)");
+  auto stream = static_cast<cudaStream_t>(s.stream);
+  nccl::Comm& n = *c.nccl;
+  n.group_start();
+  try {
+    enqueue_nccl_calls(c, n, s, stream);
+  } catch (...) {
+    try {
+      n.group_end();  // the thread's group depth back to the pass's (the Engine fails over this)
+    } catch (...) {
+    }
+    throw;
+  }
   n.group_end();
-  if (k.kind != K::none) {
+  if (s.collective.kind != K::none) {
     ++c.stats.payload_calls;
     ++c.stats.collective_calls;
     --op.collectives_left;
@@ -84,6 +98,11 @@ void end_nccl_pass(EngineCore& c) {
     c.fail_everywhere(std::current_exception(), "error launching NCCL calls on rank " + std::to_string(c.rank) + " (" +
                                                     std::to_string(posted.size()) + " steps): " + e.what());
   }
+  abort_nccl_if_failed(c);  // a failure heard during the pass
+}
+
+void abort_nccl_if_failed(EngineCore& c) noexcept {
+  if (c.poisoned && c.nccl && !c.nccl_pass_open) c.nccl->abort();
 }
 
 }  // namespace impl
