@@ -258,6 +258,20 @@ for t in json.load(sys.stdin).get("tests", []):
 print(" ".join(sorted(progs)))'
 }
 
+# Deletes a reused build folder's programs before it builds again: with make -k a target that
+# fails to compile keeps the previous commit's executable, which packing would take for this one.
+# Only the link steps run again.
+drop_old_programs() {  # build_dir
+  local dir f
+  for dir in "$1/unit_tests" "$1/perf" "$1/examples" "$1"; do
+    for f in "$dir"/*; do
+      case "$f" in *.so* | *.a) continue ;; esac
+      if [ -f "$f" ] && [ -x "$f" ] && head -c 4 "$f" | grep -q 'ELF'; then rm -f "$f"; fi
+    done
+  done
+  return 0
+}
+
 # ---- 1-3: build -----------------------------------------------------------------------------------
 if [ -z "$PACK_ONLY" ]; then
   mkdir -p "$WORK"
@@ -318,6 +332,7 @@ if [ -z "$PACK_ONLY" ]; then
       -DKokkos_ROOT="$WORK/kokkos-install" -DKokkosKernels_ROOT="$WORK/kk-install" \
       -DKDIST_ENABLE_CUDA=ON -DKDIST_ENABLE_NCCL=ON ${KDIST_CUDA_CMAKE_ARGS:-}
     # -k: a target that fails leaves the others built; the manifest lists what is missing.
+    drop_old_programs "$BUILD"
     cmake --build "$BUILD" -j "$JOBS" -- -k
   } >"$WORK/kdist.log" 2>&1 || BUILD_RC=$?
   [ "$BUILD_RC" = 0 ] || say "kdist: build FAILED (packing what exists; see $WORK/kdist.log)"
@@ -335,6 +350,7 @@ if [ -z "$PACK_ONLY" ]; then
         -DKDIST_ENABLE_CUDA=ON -DKDIST_ENABLE_NCCL=OFF ${KDIST_CUDA_CMAKE_ARGS:-}
       targets="$(multi_rank_programs "$STAGED") bench_adasum"
       echo "targets: $targets"
+      drop_old_programs "$STAGED"
       cmake --build "$STAGED" -j "$JOBS" --target $targets -- -k
     } >"$STAGED_LOG" 2>&1 || say "kdist (staged): build FAILED (packing what exists; see $STAGED_LOG)"
   fi
