@@ -27,8 +27,12 @@ int world_rank() {
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "an undefined tensor";
   std::ostringstream os;
-  os << "sizes " << list(t.sizes()) << ", " << c10::toString(t.scalar_type()) << ", " << t.device() << ", strides "
-     << list(t.strides());
+  os << "sizes " << list(t.sizes()) << ", " << c10::toString(t.scalar_type()) << ", " << t.device();
+  // Only a strided tensor has strides (a sparse or MKL-DNN one throws on asking).
+  if (t.layout() == at::kStrided)
+    os << ", strides " << list(t.strides());
+  else
+    os << ", layout " << t.layout();
   return os.str();
 }
 
@@ -41,6 +45,8 @@ void refuse(const char* operation, const std::string& what, const std::string& p
 void check_tensor(const char* operation, const std::string& what, const at::Tensor& t, at::ScalarType dtype, int rank,
                   c10::DeviceType device_type) {
   if (!t.defined()) refuse(operation, what, "undefined", t);
+  // Sparse and MKL-DNN tensors have no dense storage to alias (a sparse one even says contiguous).
+  if (t.layout() != at::kStrided) refuse(operation, what, "not a strided (dense) tensor", t);
   if (t.scalar_type() != dtype) refuse(operation, what, std::string("not ") + c10::toString(dtype), t);
   if (rank >= 0 && t.dim() != rank) refuse(operation, what, "not of rank " + std::to_string(rank), t);
   if (t.device().type() != device_type)

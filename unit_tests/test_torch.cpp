@@ -118,6 +118,9 @@ TEST_CASE("torch: a view aliases its tensor, and what it cannot alias is refused
   CHECK_THAT(refused(::torch::empty({3, 4}, ::torch::TensorOptions().device(::torch::kMeta))),
              Catch::Contains("not on the cpu device") && Catch::Contains("meta"));
   CHECK_THAT(refused(at::Tensor()), Catch::Contains("undefined"));
+  // A sparse tensor says it is contiguous, and has no dense storage to alias.
+  CHECK_THAT(refused(::torch::zeros({3, 4}).to_sparse()),
+             Catch::Contains("not a strided (dense) tensor") && Catch::Contains("layout Sparse"));
 }
 
 // One K-FAC step on the same weights and data through LibTorch and through nn::Dense: the same

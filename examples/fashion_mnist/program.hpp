@@ -7,39 +7,13 @@
 
 #include <mpi.h>
 #include <CLI/CLI.hpp>
-#include <climits>
 #include <cstdio>
-#include <functional>
 #include <string>
 
+#include "../common/agree_on_start.hpp"
 #include "trainer.hpp"
 
 namespace fmnist {
-
-/// Runs `start` on every rank, then every rank learns whether any failed: a failing rank rethrows
-/// its own exception, the others throw kdist::Error with the lowest failing rank's message.
-/// Collective over MPI_COMM_WORLD (no Engine exists yet).
-inline void agree_on_start(const std::function<void()>& start) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::exception_ptr error;
-  std::string text;
-  try {
-    start();
-  } catch (const std::exception& e) {
-    error = std::current_exception();
-    text = e.what();
-  }
-  int first = error ? rank : INT_MAX;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return;
-  int length = static_cast<int>(text.size());
-  MPI_Bcast(&length, 1, MPI_INT, first, MPI_COMM_WORLD);
-  text.resize(static_cast<std::size_t>(length));
-  MPI_Bcast(text.data(), length, MPI_CHAR, first, MPI_COMM_WORLD);
-  if (error) std::rethrow_exception(error);
-  throw kdist::Error("rank " + std::to_string(first) + " failed before training: " + text);
-}
 
 /// A whole main(): Job is Trainer or derived from it; `title` heads --help. Returns the exit code.
 template <class Job>
@@ -73,7 +47,7 @@ int run_program(int argc, char** argv, Program program, const char* title) {
       try {
         nn::FashionMnist data;
         std::unique_ptr<const kdist::StateReader> saved;
-        agree_on_start([&] {
+        examples::agree_on_start([&] {
           saved = open_checkpoint(s);
           resolve_batch(s, size, saved.get());
           data = nn::load_fashion_mnist(s.data);

@@ -6,9 +6,13 @@
 //   mpiexec -n 2 build/examples/torch_fashion_mnist --model cnn --optimizer kfac --epochs 2
 //
 // Each rank trains on its shard of every global batch of P x --batch samples (nn::ShardedBatches)
-// with one torch thread. Per epoch rank 0 prints the loss, the accuracies and images/s; --log
-// writes the main job's CSV columns. A failure on one rank reaches the others with its reason;
-// every rank that ends with an error prints it and exits 1.
+// with one torch thread; a rank with fewer samples in the last batch weights its mean gradient by
+// its share, so the average is the global batch's mean gradient, as in the main job. Per epoch
+// rank 0 prints the loss, the accuracies and images/s; --log writes the main job's CSV columns
+// (its path checked before training). A failure on one rank reaches the others with its reason
+// (the data set missing on one rank too, before the Engines exist); every rank that ends with an
+// error prints it and exits 1.
+#include <kdist/comm/outcome.hpp>
 #include <kdist/core/atomic_file.hpp>
 #include <kdist/core/timer.hpp>
 #include <kdist/nn/batches.hpp>
@@ -27,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/agree_on_start.hpp"
 #include "../common/training_options.hpp"
 
 namespace {
@@ -157,6 +162,7 @@ class Job {
     const at::Tensor logits = model_->forward(x, kfac_.get());
     const at::Tensor loss = ::torch::nn::functional::cross_entropy(logits, y);
     loss.backward();
+    if (reducer_.reduce() != kdist::torch::Reduce::adasum) weight_by_share(x.size(0), batches_.global_size(k));
     loss_ += loss.item<double>() * x.size(0);
     correct_ += logits.argmax(1).eq(y).sum().item<double>();
     samples_ += static_cast<double>(x.size(0));
@@ -173,6 +179,42 @@ class Job {
       reducer_.allreduce();
     if (kfac_) kfac_->step();
     sgd_.step();
+  }
+
+  /// The global batch's mean gradient from an average of the ranks' means: each rank's mean
+  /// weighted by its share of the samples (uneven only in a last batch that P does not divide).
+  /// The gradients, not the loss: K-FAC's G factor keeps seeing the rank's mean loss.
+  void weight_by_share(std::int64_t local, int global) {
+    const double scale = static_cast<double>(local) * world_.size() / global;
+    if (scale == 1.0) return;
+    ::torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters()) p.mutable_grad().mul_(scale);
+  }
+
+  /// --log's path, before any training: rank 0 writes it, every rank learns the outcome.
+  void check_outputs() {
+    std::exception_ptr error;
+    if (world_.rank() == 0 && !s_.log.empty()) {
+      try {
+        kdist::check_file_writable(s_.log, "torch_fashion_mnist --log");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    kdist::comm::agree_on_outcome(grads_, error, "torch_fashion_mnist --log");
+  }
+
+  /// Rank 0 rewrites the log; every rank learns the outcome, so none ends well alone.
+  void write_log(const std::string& csv) {
+    std::exception_ptr error;
+    if (world_.rank() == 0 && !s_.log.empty()) {
+      try {
+        kdist::write_file_atomically(s_.log, csv, "torch_fashion_mnist --log");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (!s_.log.empty()) kdist::comm::agree_on_outcome(grads_, error, "torch_fashion_mnist --log");
   }
 
   /// --reduce mpi, the baseline without kdist: one blocking MPI_Allreduce per gradient tensor.
@@ -200,6 +242,7 @@ class Job {
   }
 
   void train() {
+    check_outputs();
     std::string csv = "epoch,loss,train_accuracy,test_accuracy,seconds,images_per_second\n";
     for (int e = 0; e < s_.epochs; ++e) {
       batches_.set_epoch(static_cast<std::uint64_t>(e));
@@ -219,12 +262,12 @@ class Job {
       std::snprintf(line, sizeof line, "%d,%.6f,%.4f,%.4f,%.3f,%.0f", e + 1, loss / samples, correct / samples, test,
                     seconds, samples / seconds);
       csv += std::string(line) + "\n";
-      if (world_.rank() != 0) continue;
-      if (!s_.quiet)
+      if (world_.rank() == 0 && !s_.quiet) {
         std::printf("epoch %d/%d: loss %.4f, train %.2f %%, test %.2f %%, %.1f s, %.0f images/s\n", e + 1, s_.epochs,
                     loss / samples, 100 * correct / samples, 100 * test, seconds, samples / seconds);
-      std::fflush(stdout);
-      if (!s_.log.empty()) kdist::write_file_atomically(s_.log, csv, "torch_fashion_mnist --log");
+        std::fflush(stdout);
+      }
+      write_log(csv);
     }
   }
 
@@ -283,7 +326,8 @@ int main(int argc, char** argv) {
       const bool kfac = s.optimizer == "kfac";
       if (s.lr < 0) s.lr = kfac ? 0.1 : 0.05;
       if (s.momentum < 0) s.momentum = kfac ? 0.0 : 0.9;
-      const kdist::nn::FashionMnist data = kdist::nn::load_fashion_mnist(s.data);
+      kdist::nn::FashionMnist data;
+      examples::agree_on_start([&] { data = kdist::nn::load_fashion_mnist(s.data); });
       Job job(s, data);
       if (rank == 0 && !s.quiet) std::printf("%s\n", job.describe().c_str());
       job.run();
