@@ -61,6 +61,13 @@ def condense(name, paths):
             key.append(c)
         else:
             break
+    if not key:  # the size column: a row of one run must be the same row in every other
+        for d, p in zip(docs, paths):
+            for i, r in enumerate(first["rows"]):
+                if d["rows"][i].get(cols[0]) != r.get(cols[0]):
+                    sys.exit(f"condense.py: row {i + 1} of {p} has {cols[0]} {d['rows'][i].get(cols[0])}, "
+                             f"{paths[0]} {r.get(cols[0])}: the runs' rows do not line up")
+        sys.exit(f"condense.py: the first column, {cols[0]}, holds floating-point values: no rows to line up by")
     rows = []
     for i, r0 in enumerate(first["rows"]):
         row = {c: r0[c] for c in key}

@@ -5,11 +5,13 @@
 
 One row per phase name and rank: how many times it ran, its total and mean milliseconds, and its
 mean per step (steps = the number of times the --steps-from phase ran on that rank). A phase
-that runs several times a step (a K-FAC hook per layer) also gets one row per position within
-the step ("kdist::kfac::factor A #1" is the second layer's), so a layer that dominates shows.
+that runs several times in a step (a K-FAC hook per layer) also gets one row per position within
+its step, counted from the step's start ("kdist::kfac::factor A #1" is the second layer's, also
+when factors run only every few steps), so a layer that dominates shows.
 Phases nest (a hook runs inside forward): the rows are not meant to add up.
 """
 import argparse
+import bisect
 import collections
 import json
 import sys
@@ -25,19 +27,35 @@ def load(path):
     return [e for e in events if e.get("ph") == "X" and "dur" in e]
 
 
+def positions(events, step_starts):
+    """Each event's place among the events of its name in its step (the last step start at or
+    before it; events before the first step form a step of their own)."""
+    seen = collections.Counter()
+    out = []
+    for e in events:
+        step = bisect.bisect_right(step_starts, e["ts"])
+        out.append(seen[step])
+        seen[step] += 1
+    return out
+
+
 def summarise(events, steps_from):
     by_rank = collections.defaultdict(lambda: collections.defaultdict(list))
     for e in sorted(events, key=lambda e: e["ts"]):
-        by_rank[e.get("pid", 0)][e["name"]].append(e["dur"] / 1000.0)
+        by_rank[e.get("pid", 0)][e["name"]].append(e)
     rows = []
     for rank, phases in sorted(by_rank.items()):
-        steps = len(phases.get(steps_from, [])) or 1
-        for name, ms in sorted(phases.items(), key=lambda kv: -sum(kv[1])):
+        step_starts = [e["ts"] for e in phases.get(steps_from, [])]
+        steps = len(step_starts) or 1
+        for name, evs in sorted(phases.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
+            ms = [e["dur"] / 1000.0 for e in evs]
             rows.append(row(rank, name, ms, steps))
-            per_step = len(ms) // steps
-            if per_step > 1 and len(ms) == per_step * steps:
-                for k in range(per_step):
-                    rows.append(row(rank, f"{name} #{k}", ms[k::per_step], steps))
+            if name == steps_from:
+                continue
+            at = positions(evs, step_starts)
+            if max(at) > 0:
+                for k in range(max(at) + 1):
+                    rows.append(row(rank, f"{name} #{k}", [m for m, a in zip(ms, at) if a == k], steps))
     return rows
 
 
