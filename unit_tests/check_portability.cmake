@@ -1,7 +1,9 @@
 # The performance-portability suite at tiny sizes (so that it cannot rot) and P-bar's arithmetic:
 # kdist_portability --smoke writes its JSON (every row with a finite, positive efficiency), then
 # perf/portability/pbar.py merges two hand-written platforms: efficiencies 0.5 and 1.0 give the
-# harmonic mean 0.667; a row one platform lacks gives 0; the same platform twice is refused.
+# harmonic mean 0.667; a row one platform lacks gives 0; the same platform twice is refused. A third
+# holds its memory-bound rows to its largest fused_copy row's rate when that beats its copy limit
+# (0.5 becomes 0.25) and counts an efficiency above 1 as 1.
 execute_process(COMMAND ${MPIEXEC} -n 1 ${EXE} --smoke --platform smoke --json ${DIR}/portability_smoke.json
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -21,8 +23,15 @@ foreach(i RANGE ${last})
   endif()
 endforeach()
 file(WRITE ${DIR}/pbar_a.json [=[{"context": {"platform": "a"}, "rows": [
-  {"kernel": "k", "size": 1, "efficiency": 0.5}, {"kernel": "k", "size": 2, "efficiency": 0.9}]}]=])
-file(WRITE ${DIR}/pbar_b.json [=[{"context": {"platform": "b"}, "rows": [{"kernel": "k", "size": 1, "efficiency": 1.0}]}]=])
+  {"kernel": "k", "size": 1, "achieved": 5, "limit": "gemm_float", "limit_value": 10, "efficiency": 0.5},
+  {"kernel": "k", "size": 2, "achieved": 9, "limit": "gemm_float", "limit_value": 10, "efficiency": 0.9}]}]=])
+file(WRITE ${DIR}/pbar_b.json [=[{"context": {"platform": "b"}, "rows": [
+  {"kernel": "k", "size": 1, "achieved": 10, "limit": "gemm_float", "limit_value": 10, "efficiency": 1.0}]}]=])
+file(WRITE ${DIR}/pbar_c.json [=[{"context": {"platform": "c"}, "rows": [
+  {"kernel": "fused_copy", "size": 10, "achieved": 30, "limit": "copy_one", "limit_value": 20, "efficiency": 1.5},
+  {"kernel": "fused_copy", "size": 100, "achieved": 40, "limit": "copy_one", "limit_value": 20, "efficiency": 2.0},
+  {"kernel": "m", "size": 1, "achieved": 10, "limit": "copy_one", "limit_value": 20, "efficiency": 0.5},
+  {"kernel": "k", "size": 1, "achieved": 12, "limit": "gemm_float", "limit_value": 10, "efficiency": 1.2}]}]=])
 execute_process(COMMAND ${PYTHON} ${PBAR} ${DIR}/pbar_a.json ${DIR}/pbar_b.json ${DIR}/portability_smoke.json
                 OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -34,6 +43,11 @@ endif()
 execute_process(COMMAND ${PYTHON} ${PBAR} ${DIR}/pbar_a.json ${DIR}/pbar_b.json OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "\\| k \\| 1 \\| 0.500 \\| 1.000 \\| 0.667 \\|")
   message(FATAL_ERROR "pbar.py over a and b (rc ${rc}):\n${out}")
+endif()
+execute_process(COMMAND ${PYTHON} ${PBAR} ${DIR}/pbar_c.json OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\\| m \\| 1 \\| 0.250 \\| 0.250 \\|" OR NOT out MATCHES "\\| k \\| 1 \\| 1.000 \\| 1.000 \\|"
+   OR NOT err MATCHES "deep_copy rate, 2.00x" OR NOT err MATCHES "counted as 1.*k 1")
+  message(FATAL_ERROR "pbar.py over c (rc ${rc}):\n${out}\n${err}")
 endif()
 execute_process(COMMAND ${PYTHON} ${PBAR} ${DIR}/pbar_a.json ${DIR}/pbar_a.json ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(rc EQUAL 0 OR NOT err MATCHES "appears twice")

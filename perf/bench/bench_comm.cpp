@@ -90,8 +90,10 @@ void part_overlap(int reps, int K, kdist_bench::Table& table) {
         },
         1,
         [&](bool counted) {
+          // The slowest rank's, as t_comp is (every rank runs this callback: collective).
+          const double comp = max_over_ranks(last_comp);
           if (counted)
-            comp_part.push_back(last_comp);
+            comp_part.push_back(comp);
           else
             eng.reset_stats();
         }));

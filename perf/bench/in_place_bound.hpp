@@ -16,7 +16,9 @@
 // arithmetic taken out. Latency (the messages, the partial sums' round) is not in it. bench_adasum
 // takes one sample after each repeat of the operation, on the same buffer, so that a drift of
 // the host lands on both. Needs a power-of-two number of ranks, all on one node (usable());
-// collective over the buffer's Engine, on MPI_COMM_WORLD's ranks.
+// collective over the buffer's Engine, on MPI_COMM_WORLD's ranks. The passes' loops run at the
+// widest vector ISA the CPU has, as the kernels they bound do (adasum/host_kernels dispatches to
+// AVX2 / AVX-512 at run time; the build itself targets plain x86-64).
 #pragma once
 
 #include <mpi.h>
@@ -32,8 +34,15 @@
 
 namespace kdist_bench {
 
+// GCC's target_clones: one copy per ISA, the widest the CPU runs picked when the program loads.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
+#define KDIST_BENCH_WIDEST_ISA __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KDIST_BENCH_WIDEST_ISA
+#endif
+
 namespace impl {
-inline float read_pair(const float* a, const float* b, std::size_t n) {
+KDIST_BENCH_WIDEST_ISA inline float read_pair(const float* a, const float* b, std::size_t n) {
   float q[16] = {};
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -42,6 +51,13 @@ inline float read_pair(const float* a, const float* b, std::size_t n) {
   float s = 0;
   for (float x : q) s += x;
   return s;
+}
+/// mine[i] = 0.5 (mine[i] + theirs[i]) on [lo, hi), and theirs[i] too with `push`.
+KDIST_BENCH_WIDEST_ISA inline void average_pair(float* mine, float* theirs, std::size_t lo, std::size_t hi, bool push) {
+  if (push)
+    for (std::size_t i = lo; i < hi; ++i) mine[i] = theirs[i] = 0.5f * (mine[i] + theirs[i]);
+  else
+    for (std::size_t i = lo; i < hi; ++i) mine[i] = 0.5f * (mine[i] + theirs[i]);
 }
 }  // namespace impl
 
@@ -84,10 +100,8 @@ class InPlaceBound {
       buf_.window().sync();
       const double t0 = kdist::Clock::local_now();
       if (p.kind == Kind::read) sink_ += impl::read_pair(mine + p.lo, theirs + p.lo, p.hi - p.lo);
-      if (p.kind == Kind::triad)
-        for (std::size_t i = p.lo; i < p.hi; ++i) mine[i] = 0.5f * (mine[i] + theirs[i]);
-      if (p.kind == Kind::triad_push)
-        for (std::size_t i = p.lo; i < p.hi; ++i) mine[i] = theirs[i] = 0.5f * (mine[i] + theirs[i]);
+      if (p.kind == Kind::triad || p.kind == Kind::triad_push)
+        impl::average_pair(mine, theirs, p.lo, p.hi, p.kind == Kind::triad_push);
       if (p.kind == Kind::push) std::copy(mine + p.lo, mine + p.hi, theirs + p.lo);
       total += max_over_ranks(kdist::Clock::local_now() - t0);
     }
