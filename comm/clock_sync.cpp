@@ -11,7 +11,7 @@
 namespace kdist {
 namespace comm {
 
-ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds) {
+ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds, const std::function<double()>& local_now) {
   if (rounds < 1)
     kdist::impl::throw_invalid("kdist::comm::synchronize_clock", "rounds must be >= 1, got " + std::to_string(rounds));
   Phase phase("kdist::comm::synchronize_clock");
@@ -24,7 +24,7 @@ ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds) {
     for (int peer = 1; peer < engine.size(); ++peer)
       for (int r = 0; r < rounds; ++r) {
         engine.recv(host, in, peer, tag, "clock ping").wait();
-        out(0) = Clock::local_now();
+        out(0) = local_now();
         engine.send(host, out, peer, tag, "clock pong").wait();
       }
   } else {
@@ -32,10 +32,10 @@ ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds) {
     samples.reserve(static_cast<std::size_t>(rounds));
     for (int r = 0; r < rounds; ++r) {
       ClockSample s{};
-      out(0) = s.t_send = Clock::local_now();
+      out(0) = s.t_send = local_now();
       engine.send(host, out, 0, tag, "clock ping").wait();
       engine.recv(host, in, 0, tag, "clock pong").wait();
-      s.t_recv = Clock::local_now();
+      s.t_recv = local_now();
       s.t_remote = in(0);
       samples.push_back(s);
     }

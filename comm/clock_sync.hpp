@@ -7,13 +7,17 @@
 #include <kdist/comm/engine.hpp>
 #include <kdist/core/timer.hpp>
 
+#include <functional>
+
 namespace kdist {
 namespace comm {
 
 /// Collective over the Engine's ranks. Returns this rank's offset (0 +- 0 on rank 0) and sets it
 /// on `clock`. Nothing else may be in flight on the Engine's thread while it runs (it waits on
-/// each exchange).
-ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds = 16);
+/// each exchange). `local_now` reads this rank's clock (Clock::local_now, the clock `clock`
+/// offsets; the tests shift it per rank, ranks of one machine sharing one clock).
+ClockOffset synchronize_clock(Engine& engine, Clock& clock, int rounds = 16,
+                              const std::function<double()>& local_now = &Clock::local_now);
 
 }  // namespace comm
 }  // namespace kdist

@@ -4,6 +4,8 @@
 #include <kdist/adasum/operator.hpp>
 #include <kdist/comm/engine.hpp>
 
+#include <mpi.h>
+
 #include <functional>
 #include <random>
 #include <string>
@@ -19,6 +21,30 @@ using kdist_test::TestVector;
 using kdist_test::to_host;
 using kdist_test::Vec;
 namespace adasum = kdist::adasum;
+
+/// Which ranks of `comm` share this rank's memory node, as MPI itself reports it
+/// (MPI_Comm_split_type SHARED and a group translation, no kdist code): the reference the tests
+/// hold kdist's node detection to, and the only thing a layout test may skip on. Collective.
+inline std::vector<bool> mpi_node_mates(MPI_Comm comm) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Group node_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(node, &node_group);
+  MPI_Comm_group(comm, &group);
+  int n = 0;
+  MPI_Group_size(node_group, &n);
+  std::vector<int> local(static_cast<std::size_t>(n)), ranks(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) local[static_cast<std::size_t>(i)] = i;
+  MPI_Group_translate_ranks(node_group, n, local.data(), group, ranks.data());
+  std::vector<bool> mates(static_cast<std::size_t>(size), false);
+  for (int r : ranks) mates[static_cast<std::size_t>(r)] = true;
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&group);
+  MPI_Comm_free(&node);
+  return mates;
+}
 
 inline std::vector<std::size_t> bounds_of(const std::vector<std::size_t>& sizes) {
   std::vector<std::size_t> b{0};

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -18,6 +17,7 @@
 
 #include "adasum_reference.hpp"
 #include "adasum_test_util.hpp"
+#include "same_on_every_rank.hpp"
 #include "test_space.hpp"
 
 // TestExec, TestVector, Vec, the adasum namespace alias and the shared helpers.
@@ -64,14 +64,7 @@ void check_distributed(const std::vector<std::size_t>& sizes, unsigned seed, int
   CHECK(kdist_test::rel_l2(vec_of(v), ref) <= 100 * std::numeric_limits<T>::epsilon());
 
   // Bit-identical on every rank (compared through host copies: MPI reads host memory here).
-  const auto mine = to_host(v);
-  std::vector<T> everyone(n * static_cast<std::size_t>(P));
-  MPI_Allgather(mine.data(), static_cast<int>(n * sizeof(T)), MPI_BYTE, everyone.data(),
-                static_cast<int>(n * sizeof(T)), MPI_BYTE, MPI_COMM_WORLD);
-  bool identical = true;
-  for (int r = 0; r < P; ++r)
-    identical = identical && std::memcmp(everyone.data() + r * n, mine.data(), n * sizeof(T)) == 0;
-  CHECK(identical);
+  CHECK(kdist_test::same_on_every_rank(vec_of(v)));
 
   const bool doubling = !topo && algorithm == adasum::Algorithm::doubling;
   if (doubling) {
@@ -387,14 +380,20 @@ TEST_CASE("hierarchical Adasum over shared-memory nodes whose ranks interleave",
   kdist::comm::Engine eng(world);
   adasum::Topology topo(eng, 0);
   const int P = world.size(), me = world.rank();
-  // The layout this test needs, agreed by every rank (MPI other than MPICH ignores the variable).
+  // The layout this test needs, as MPI reports it, agreed by every rank (MPI other than MPICH
+  // ignores the variable); kdist's Topology must then find the same nodes.
   const std::vector<int> wanted = me == 0 || me == 3 ? std::vector<int>{0, 3} : std::vector<int>{1, 2};
-  const bool mine = topo.node().size() == 2 && topo.node_peer(0) == wanted[0] && topo.node_peer(1) == wanted[1];
+  const std::vector<bool> mates = kdist_test::adasum_util::mpi_node_mates(world.raw());
+  bool mine = true;
+  for (int r = 0; r < P; ++r) mine = mine && mates[static_cast<std::size_t>(r)] == (r == wanted[0] || r == wanted[1]);
   if (eng.allreduce_values<int>({mine ? 1 : 0}, kdist::comm::ReduceOp::min, "layout")[0] == 0) {
     if (me == 0)
       std::printf("SKIPPED: no shared-memory nodes {0,3} and {1,2} (needs MPICH, MPIR_CVAR_NUM_CLIQUES=2)\n");
     return;
   }
+  REQUIRE(topo.node().size() == 2);
+  CHECK(topo.node_peer(0) == wanted[0]);
+  CHECK(topo.node_peer(1) == wanted[1]);
   const std::vector<std::size_t> bounds{0, 100, 101, 140};
   const std::size_t n = bounds.back();
   std::vector<Vec> all;
@@ -475,6 +474,9 @@ TEST_CASE("Adasum: the calibrated crossover between doubling and VHDD", "[adasum
   CHECK(models.second.x() == models.first.x());
   for (double t : models.first.t()) CHECK(t > 0);
   for (double t : models.second.t()) CHECK(t > 0);
+  // The slowest rank's times: every rank builds the same crossover from them.
+  CHECK(kdist_test::same_on_every_rank(models.first.t()));
+  CHECK(kdist_test::same_on_every_rank(models.second.t()));
   CHECK(eng.in_flight() == 0);
   o.repeats = 0;
   CHECK_THROWS_WITH(adasum::calibrate(eng, DType::float32, o), Catch::Contains("repeats 0"));

@@ -27,6 +27,11 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
   const std::size_t n = bounds.back();
   adasum::SharedBuffer<T> buf(eng, n);
   REQUIRE(buf.size() == n);
+  // Whether every rank shares this one's memory, from MPI itself: the window must agree.
+  const std::vector<bool> mates = kdist_test::adasum_util::mpi_node_mates(world.raw());
+  const int node_size = static_cast<int>(std::count(mates.begin(), mates.end(), true));
+  const bool shares = node_size == P;
+  CHECK(buf.window().node_size() == node_size);
   std::unique_ptr<adasum::Topology> pairs(P % 2 == 0 && P > 2 ? new adasum::Topology(eng, 2) : nullptr);
   int pow2 = 1;
   while (pow2 * 2 <= P) pow2 *= 2;
@@ -57,7 +62,6 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
           CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(T)) == 0);
           // Which path ran: every level reads in place when ranks share the node (they do under
           // mpiexec here), none when in_place is off; nothing is sent for an in-place level.
-          const bool shares = buf.window().node_size() == P;
           const bool folded_away = me < 2 * (P - pow2) && me % 2 == 1;  // takes part in no level
           if (in_place && shares && P > 1 && (!folded_away || hierarchy)) CHECK(c.in_place_levels > 0);
           if (!in_place) CHECK(c.in_place_levels == 0);
@@ -97,15 +101,15 @@ TEMPLATE_TEST_CASE("Adasum on a SharedBuffer: in place or through MPI, flat or w
       INFO("P " << P << ", unchecked Engine, in place: " << c.in_place_levels << " levels in place");
       CHECK(std::memcmp(h.data(), ref.data(), n * sizeof(T)) == 0);
       const bool folded_away = me < 2 * (P - pow2) && me % 2 == 1;
-      if (qbuf.window().node_size() == P && P > 1 && !folded_away) CHECK(c.in_place_levels > 0);
+      CHECK(qbuf.window().node_size() == node_size);
+      if (shares && P > 1 && !folded_away) CHECK(c.in_place_levels > 0);
       // The checked Engine skips exactly that message (a send and a receive) at a power of two.
       for (std::size_t i = 0; i < n; ++i) buf.view()(i) = static_cast<T>(x[i]);
       const long long calls1 = eng.stats().payload_calls;
       o.counters = nullptr;
       adasum::allreduce(eng, buf, bounds, {}, o).wait();
       CHECK(std::memcmp(buf.data(), ref.data(), n * sizeof(T)) == 0);
-      if (buf.window().node_size() == P && P == pow2 && P > 1)
-        CHECK(eng.stats().payload_calls - calls1 == unchecked_calls - 2);
+      if (shares && P == pow2 && P > 1) CHECK(eng.stats().payload_calls - calls1 == unchecked_calls - 2);
     }
   }
   // NaN on the last rank, in place: every rank names the tensor and the rank.
@@ -154,13 +158,17 @@ TEST_CASE("Adasum in place: imposed nodes that straddle shared-memory nodes, no 
   kdist::comm::Engine eng(world);
   const int P = world.size(), me = world.rank();
   const bool on_a = me == 0 || me == 1 || me == 2 || me == 5;
+  // The layout this test needs, as MPI reports it; kdist's node detection must then agree.
+  const std::vector<bool> mates = kdist_test::adasum_util::mpi_node_mates(world.raw());
   bool mine = true;
-  for (int r = 0; r < P; ++r) mine = mine && eng.shares_node(r) == (on_a == (r == 0 || r == 1 || r == 2 || r == 5));
+  for (int r = 0; r < P; ++r)
+    mine = mine && mates[static_cast<std::size_t>(r)] == (on_a == (r == 0 || r == 1 || r == 2 || r == 5));
   if (eng.allreduce_values<int>({mine ? 1 : 0}, kdist::comm::ReduceOp::min, "layout")[0] == 0) {
     if (me == 0)
       std::printf("SKIPPED: no shared-memory nodes {0,1,2,5} and {3,4,6,7} (needs MPICH, MPIR_CVAR_NUM_CLIQUES=2)\n");
     return;
   }
+  for (int r = 0; r < P; ++r) CHECK(eng.shares_node(r) == mates[static_cast<std::size_t>(r)]);
   adasum::Topology pairs(eng, 2);
   CHECK(!pairs.nodes_share_memory());
   const auto bounds = awkward_bounds();

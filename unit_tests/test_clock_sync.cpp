@@ -1,5 +1,6 @@
 // comm/clock_sync under MPI: ranks share one machine here, so the true offset is ~0 and the
-// estimate must lie within its own uncertainty bound; merged timelines hold every rank.
+// estimate must lie within its own uncertainty bound; with each rank's clock shifted by a known
+// amount the estimate must find the shift; merged timelines hold every rank.
 #include <mpi.h>
 #include <catch2/catch.hpp>
 #include <kdist/comm/clock_sync.hpp>
@@ -24,6 +25,21 @@ TEST_CASE("synchronize_clock: offset to rank 0 within its bound", "[comm][clock]
     CHECK(std::abs(off.offset) <= off.uncertainty + 1e-6);
     CHECK(off.uncertainty < 0.05);
   }
+  CHECK(clock.offset() == off.offset);
+}
+
+TEST_CASE("synchronize_clock: finds a known shift between the ranks' clocks", "[comm][clock]") {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  kdist::Clock clock;
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  // Rank r reads the machine's clock 5 r seconds ahead: its offset to rank 0 is -5 r. A sample
+  // whose times were mixed up (rank 0's answer read as this rank's send time) would give ~0.
+  const double shift = 5.0 * rank;
+  const kdist::ClockOffset off =
+      kdist::comm::synchronize_clock(engine, clock, 8, [shift] { return kdist::Clock::local_now() + shift; });
+  CHECK(std::abs(off.offset + shift) <= off.uncertainty + 1e-6);
+  CHECK(off.uncertainty < 0.05);
   CHECK(clock.offset() == off.offset);
 }
 

@@ -7,6 +7,8 @@
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/inverse_calibration.hpp>
 
+#include "same_on_every_rank.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,6 +130,7 @@ TEST_CASE("calibrate_collective measures every size and agrees across ranks", "[
     const CostModel m = kdist::comm::calibrate_collective(engine, op, DType::float64, o);
     REQUIRE(m.x() == std::vector<double>{8, 32});  // float64: from 8 bytes, x4 per step
     for (double t : m.t()) CHECK(t > 0);
+    CHECK(kdist_test::same_on_every_rank(m.t()));  // the slowest rank's times, on every rank
   }
   REQUIRE_THROWS_AS(kdist::comm::calibrate_collective(engine, CostOp::adasum, DType::float32, o),
                     kdist::InvalidArgument);

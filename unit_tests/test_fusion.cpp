@@ -184,17 +184,22 @@ TEST_CASE("FusedAllreducer::set_plan rejects plans that do not cover each tensor
   // The rejected plans left the previous one in place; a valid plan still reduces every tensor.
   CHECK(fused.plan().group_end == std::vector<int>{1, 2, 3});
   fused.set_plan(FusionPlan{{2, 3}});
+  // Rank r holds k (r + 1) in tensor k: the average over P ranks is k (P + 1) / 2, which no
+  // tensor left unreduced would hold at P > 1.
   FA::Vector a("a", 4), b("b", 5), c("c", 2);
-  Kokkos::deep_copy(a, 1.0);
-  Kokkos::deep_copy(b, 2.0);
-  Kokkos::deep_copy(c, 3.0);
+  const double r1 = world.rank() + 1, mean = (world.size() + 1) / 2.0;
+  Kokkos::deep_copy(a, 1.0 * r1);
+  Kokkos::deep_copy(b, 2.0 * r1);
+  Kokkos::deep_copy(c, 3.0 * r1);
+  eng.reset_stats();
   fused.begin();
   fused.ready(TestExec(), 0, a);
   fused.ready(TestExec(), 1, b);
   fused.ready(TestExec(), 2, c);
   fused.wait(TestExec());
   TestExec().fence();
-  CHECK(to_host(a)(3) == 1.0);
-  CHECK(to_host(b)(4) == 2.0);
-  CHECK(to_host(c)(1) == 3.0);
+  CHECK(to_host(a)(3) == 1.0 * mean);
+  CHECK(to_host(b)(4) == 2.0 * mean);
+  CHECK(to_host(c)(1) == 3.0 * mean);
+  CHECK(eng.stats().collective_calls == 2);  // one per group of the plan
 }

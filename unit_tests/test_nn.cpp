@@ -517,7 +517,8 @@ TEST_CASE("nn: float layers run the same network", "[nn]") {
   CHECK(loss.correct(exec, z, labels) == 6);
 }
 
-TEST_CASE("nn: Dense and Conv2d attached to a Preconditioner call its hooks in order", "[nn]") {
+TEST_CASE("nn: Dense and Conv2d attached to a Preconditioner hand its hooks their inputs and output gradients",
+          "[nn]") {
   TestExec exec;
   const int B = 4;
   nn::Conv2d<double, TestMem> conv(1, 2, 3, 3, 2, 1);  // 6x6 -> 3x3
@@ -551,10 +552,44 @@ TEST_CASE("nn: Dense and Conv2d attached to a Preconditioner call its hooks in o
     relu.backward(exec, flatten.backward(exec, dflat), dc);
     conv.backward(exec, dc);
   };
+  // The reference: a second Preconditioner fed by hand with what the layers should hand theirs
+  // (each layer's input and output gradient; the convolution's NCHW input, where the layer hands
+  // its patches), preconditioning copies of the same gradients.
+  comm::Engine ref_engine{comm::Communicator(MPI_COMM_WORLD)};
+  kfac::Preconditioner<double, TestMem> ref(ref_engine, {conv.kfac_layer(), dense.kfac_layer()}, options);
+  using Gradient = kfac::Preconditioner<double, TestMem>::Gradient;
+  const auto copy_of = [](const Gradient& g) {
+    Gradient c{decltype(g.weight)("w", g.weight.extent(0), g.weight.extent(1)),
+               decltype(g.bias)("b", g.bias.extent(0))};
+    Kokkos::deep_copy(c.weight, g.weight);
+    Kokkos::deep_copy(c.bias, g.bias);
+    return c;
+  };
+  const auto max_difference = [](const auto& u, const auto& v) {
+    const auto hu = kdist_test::to_host(u);
+    const auto hv = kdist_test::to_host(v);
+    double d = 0;
+    for (std::size_t i = 0; i < hu.span(); ++i) d = std::max(d, std::abs(hu.data()[i] - hv.data()[i]));
+    return d;
+  };
   for (int step = 0; step < 2; ++step) {
     CHECK(std::isfinite(forward()));
     backward();
+    ref.on_forward(exec, 0, x);
+    ref.on_forward(exec, 1, flatten.forward(exec, a));
+    ref.on_backward(exec, 1, dz);
+    ref.on_backward(exec, 0, dc);
+    const std::vector<Gradient> by_hand{copy_of(conv.gradient()), copy_of(dense.gradient())};
     REQUIRE_NOTHROW(kfac.step(exec, {conv.gradient(), dense.gradient()}));
+    ref.step(exec, by_hand);
+    for (int f = 0; f < kfac.factors(); ++f) {
+      INFO("step " << step << ", factor " << f);
+      CHECK(max_difference(kfac.factor(f), ref.factor(f)) <= 1e-12);
+    }
+    CHECK(max_difference(conv.gradient().weight, by_hand[0].weight) <= 1e-12);
+    CHECK(max_difference(conv.gradient().bias, by_hand[0].bias) <= 1e-12);
+    CHECK(max_difference(dense.gradient().weight, by_hand[1].weight) <= 1e-12);
+    CHECK(max_difference(dense.gradient().bias, by_hand[1].bias) <= 1e-12);
     sgd.step(exec);
   }
   CHECK(kfac.steps() == 2);
