@@ -4,6 +4,8 @@
 //   std::exception_ptr error;
 //   try { read_my_file(); } catch (...) { error = std::current_exception(); }
 //   kdist::comm::agree_on_outcome(engine, error, "kdist::kfac::Preconditioner::load");
+//   kdist::comm::agree_on_outcome_of(engine, "kdist::kfac::Preconditioner::load", [&] { read_my_file(); });  // the
+//   same
 //
 // Collective and checked, through the Engine's own operations; unlike Engine::fail, the Engine
 // stays usable, so a caller may catch the error and go on (skip a checkpoint, try another file).
@@ -25,6 +27,19 @@ namespace kdist {
 namespace comm {
 
 void agree_on_outcome(Engine& engine, std::exception_ptr error, const std::string& operation);
+
+/// The same for `work` run on this rank (a rank with nothing to do passes work that does
+/// nothing, e.g. `[&] { if (engine.rank() == 0) write(); }`): what it throws is the error.
+template <class Work>
+void agree_on_outcome_of(Engine& engine, const std::string& operation, Work&& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_on_outcome(engine, error, operation);
+}
 
 /// Collective and checked: returns when every rank passed the same `value` (one all-reduce of two
 /// numbers). Otherwise every rank throws the same InvalidArgument: "<operation>: ranks hold

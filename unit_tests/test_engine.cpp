@@ -213,6 +213,16 @@ TEST_CASE("agree_on_outcome: every rank learns the lowest failing rank's reason;
   CHECK_THAT(n, Catch::Equals(me == P - 1 ? "own: not std" : "") ||
                     Catch::Contains("failed: an exception that is not a std::exception"));
   if (me != P - 1) CHECK(!n.empty());
+  // agree_on_outcome_of: what the work throws on the last rank is the error; nothing elsewhere.
+  const auto last_fails = [&] {
+    if (me == P - 1) throw std::runtime_error("part " + std::to_string(me) + " is missing");
+  };
+  if (me == P - 1)
+    CHECK_THROWS_WITH(kdist::comm::agree_on_outcome_of(eng, "reading part", last_fails),
+                      Catch::Equals("part " + std::to_string(me) + " is missing"));
+  else
+    CHECK_THROWS_AS(kdist::comm::agree_on_outcome_of(eng, "reading part", last_fails), kdist::comm::RemoteError);
+  CHECK_NOTHROW(kdist::comm::agree_on_outcome_of(eng, "reading part", [] {}));
   CHECK(eng.healthy());
   CHECK(eng.allreduce_values<int>({1}, ReduceOp::sum, "after")[0] == P);
   if (P < 2) return;

@@ -334,20 +334,13 @@ inline void Trainer::run(std::unique_ptr<const kdist::StateReader> saved) {
 
 inline void Trainer::check_outputs() {
   const std::string program = program_name(s_.program);
-  std::exception_ptr error;
-  if (world_.rank() == 0) {
-    try {
-      const std::pair<const std::string&, const char*> outputs[] = {{s_.checkpoint, " --checkpoint"},
-                                                                    {s_.save_model, " --save-model"},
-                                                                    {s_.log, " --log"},
-                                                                    {s_.trace, " --trace"}};
-      for (const auto& out : outputs)
-        if (!out.first.empty()) check_file_writable(out.first, (program + out.second).c_str());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  comm::agree_on_outcome(grads_, error, program + " outputs");
+  comm::agree_on_outcome_of(grads_, program + " outputs", [&] {
+    if (world_.rank() != 0) return;
+    const std::pair<const std::string&, const char*> outputs[] = {
+        {s_.checkpoint, " --checkpoint"}, {s_.save_model, " --save-model"}, {s_.log, " --log"}, {s_.trace, " --trace"}};
+    for (const auto& out : outputs)
+      if (!out.first.empty()) check_file_writable(out.first, (program + out.second).c_str());
+  });
 }
 
 inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
@@ -392,15 +385,10 @@ inline void Trainer::train(std::unique_ptr<const kdist::StateReader> saved) {
     save(Position{e + 1, 0, {}, log_lines_});
   }
   // The model while the Engine can still tell every rank that it could not be written.
-  if (!s_.save_model.empty()) {
-    std::exception_ptr error;
-    try {
+  if (!s_.save_model.empty())
+    comm::agree_on_outcome_of(grads_, std::string(program_name(s_.program)) + " --save-model", [&] {
       if (root) save_model(s_.save_model, model_.parameters());
-    } catch (...) {
-      error = std::current_exception();
-    }
-    comm::agree_on_outcome(grads_, error, std::string(program_name(s_.program)) + " --save-model");
-  }
+    });
   // Every rank agrees that training ended well before the rank-0-only outputs and the trace's
   // plain MPI gather (a peer's failure raises here, with its reason).
   grads_.finish();

@@ -193,28 +193,17 @@ class Job {
 
   /// --log's path, before any training: rank 0 writes it, every rank learns the outcome.
   void check_outputs() {
-    std::exception_ptr error;
-    if (world_.rank() == 0 && !s_.log.empty()) {
-      try {
-        kdist::check_file_writable(s_.log, "torch_fashion_mnist --log");
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    kdist::comm::agree_on_outcome(grads_, error, "torch_fashion_mnist --log");
+    kdist::comm::agree_on_outcome_of(grads_, "torch_fashion_mnist --log", [&] {
+      if (world_.rank() == 0 && !s_.log.empty()) kdist::check_file_writable(s_.log, "torch_fashion_mnist --log");
+    });
   }
 
   /// Rank 0 rewrites the log; every rank learns the outcome, so none ends well alone.
   void write_log(const std::string& csv) {
-    std::exception_ptr error;
-    if (world_.rank() == 0 && !s_.log.empty()) {
-      try {
-        kdist::write_file_atomically(s_.log, csv, "torch_fashion_mnist --log");
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    if (!s_.log.empty()) kdist::comm::agree_on_outcome(grads_, error, "torch_fashion_mnist --log");
+    if (s_.log.empty()) return;
+    kdist::comm::agree_on_outcome_of(grads_, "torch_fashion_mnist --log", [&] {
+      if (world_.rank() == 0) kdist::write_file_atomically(s_.log, csv, "torch_fashion_mnist --log");
+    });
   }
 
   /// --reduce mpi, the baseline without kdist: one blocking MPI_Allreduce per gradient tensor.

@@ -116,33 +116,24 @@ void Preconditioner<T, M>::load_from(const StateReader& in, const std::string& p
 template <class T, class M>
 void Preconditioner<T, M>::save(const std::string& path) {
   require_between_steps("save");
-  std::exception_ptr error;
-  if (engine_.rank() == 0) {
-    try {
-      StateWriter out(kStateKind);
-      save_to(out, "");
-      out.write(path, "kdist::kfac::Preconditioner::save");
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  comm::agree_on_outcome(engine_, error, "kdist::kfac::Preconditioner::save");
+  comm::agree_on_outcome_of(engine_, "kdist::kfac::Preconditioner::save", [&] {
+    if (engine_.rank() != 0) return;
+    StateWriter out(kStateKind);
+    save_to(out, "");
+    out.write(path, "kdist::kfac::Preconditioner::save");
+  });
 }
 
 template <class T, class M>
 void Preconditioner<T, M>::load(const std::string& path) {
   require_between_steps("load");
-  std::exception_ptr error;
   Restore staged;
   std::int64_t checksum = 0;
-  try {
+  comm::agree_on_outcome_of(engine_, "kdist::kfac::Preconditioner::load", [&] {
     const StateReader in(path, kStateKind, "kdist::kfac::Preconditioner::load");
     checksum = static_cast<std::int64_t>(in.checksum());
     staged = stage(in, "");
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::agree_on_outcome(engine_, error, "kdist::kfac::Preconditioner::load");
+  });
   // Each rank read its own copy: a stale one on some node would precondition with other factors.
   comm::agree_on_value(engine_, checksum, "kdist::kfac::Preconditioner::load",
                        "K-FAC states (checksums of the files read)");

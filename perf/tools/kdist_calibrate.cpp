@@ -22,16 +22,12 @@
 namespace {
 
 /// Runs `step` on rank 0; if it throws, every rank throws (rank 0 its own error, the others a
-/// RemoteError with its message: comm::agree_on_outcome), and mpi_main reports it with the rank.
+/// RemoteError with its message: comm::agree_on_outcome_of), and mpi_main reports it with the rank.
 template <class Step>
 void on_root_or_fail_everywhere(kdist::comm::Engine& engine, Step&& step) {
-  std::exception_ptr error;
-  if (engine.rank() == 0) try {
-      step();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  kdist::comm::agree_on_outcome(engine, error, "kdist_calibrate");
+  kdist::comm::agree_on_outcome_of(engine, "kdist_calibrate", [&] {
+    if (engine.rank() == 0) step();
+  });
 }
 
 void print_collective(const kdist::comm::Communicator& world, kdist::CostOp op, kdist::DType dt,
