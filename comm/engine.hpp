@@ -361,14 +361,24 @@ void* stream_of(const Exec& exec) {
   (void)exec;
   return nullptr;
 }
+/// Whether MPI reads or writes V's memory where it is: then the caller's instance is fenced first.
+/// NCCL needs no fence (it runs on the instance's stream, in order with the work queued there).
+template <class V>
+constexpr bool mpi_in_place() {
+  return wire_reaches<V>() &&
+         (!KDIST_ENABLE_NCCL || Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible);
+}
+/// Whether stage_in fences the caller's instance for V (MPI reads it in place, or a host copy).
+template <class V>
+constexpr bool stage_in_fences() {
+  return !wire_reaches<V>() || mpi_in_place<V>();
+}
 /// The view the wire reads and writes: `v` itself when the wire reaches its memory, else a host
-/// mirror filled from `v`. MPI reads after a fence of the caller's instance; NCCL needs none (it
-/// runs on the instance's stream, after the producer).
+/// mirror filled from `v`.
 template <class Exec, class V>
 auto stage_in(const Exec& exec, const V& v) {
   if constexpr (wire_reaches<V>()) {
-    if (!KDIST_ENABLE_NCCL || Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible)
-      compat::fence(exec, "kdist::comm: producer done before MPI");
+    if (mpi_in_place<V>()) compat::fence(exec, "kdist::comm: producer done before MPI");
     return v;
   } else {
     auto h = Kokkos::create_mirror_view(v);
@@ -379,16 +389,16 @@ auto stage_in(const Exec& exec, const V& v) {
 }
 /// Wire view for an output (no copy in): `v` itself when the wire reaches its memory, after a
 /// fence of the caller's instance when MPI writes it (work queued there may still read or write
-/// `v`); NCCL needs none (it writes on the instance's stream). Else a host mirror, copied back on
-/// the instance afterwards.
+/// `v`) unless the caller's stage_in has just fenced it. Else a host mirror, copied back on the
+/// instance afterwards.
 template <class Exec, class V>
-auto stage_out(const Exec& exec, const V& v) {
+auto stage_out(const Exec& exec, const V& v, bool instance_fenced = false) {
   if constexpr (wire_reaches<V>()) {
-    if (!KDIST_ENABLE_NCCL || Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible)
-      compat::fence(exec, "kdist::comm: consumers done before MPI writes");
+    if (mpi_in_place<V>() && !instance_fenced) compat::fence(exec, "kdist::comm: consumers done before MPI writes");
     return v;
   } else {
     (void)exec;
+    (void)instance_fenced;
     return Kokkos::create_mirror_view(v);
   }
 }
@@ -461,7 +471,7 @@ Request Engine::reduce_scatter(const Exec& exec, const VIn& in, const VOut& out,
   check_op<T>("kdist::comm::Engine::reduce_scatter", op, static_cast<long long>(out.extent(0)), label);
   const int size = size_;
   auto win = impl::stage_in(exec, in);
-  auto wout = impl::stage_out(exec, out);
+  auto wout = impl::stage_out(exec, out, impl::stage_in_fences<VIn>());
   Schedule s(label);
   s.step()
       .on_stream(impl::stream_of(exec))
@@ -477,7 +487,7 @@ Request Engine::allgather(const Exec& exec, const VIn& in, const VOut& out, std:
   check_blocks("kdist::comm::Engine::allgather", out, in, "output");
   using T = typename VOut::non_const_value_type;
   auto win = impl::stage_in(exec, in);
-  auto wout = impl::stage_out(exec, out);
+  auto wout = impl::stage_out(exec, out, impl::stage_in_fences<VIn>());
   Schedule s(label);
   s.step()
       .on_stream(impl::stream_of(exec))

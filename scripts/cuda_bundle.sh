@@ -258,6 +258,8 @@ for t in json.load(sys.stdin).get("tests", []):
 print(" ".join(sorted(progs)))'
 }
 
+is_elf_exe() { [ -f "$1" ] && [ -x "$1" ] && head -c 4 "$1" | grep -q 'ELF'; }
+
 # Deletes a reused build folder's programs before it builds again: with make -k a target that
 # fails to compile keeps the previous commit's executable, which packing would take for this one.
 # Only the link steps run again.
@@ -266,7 +268,7 @@ drop_old_programs() {  # build_dir
   for dir in "$1/unit_tests" "$1/perf" "$1/examples" "$1"; do
     for f in "$dir"/*; do
       case "$f" in *.so* | *.a) continue ;; esac
-      if [ -f "$f" ] && [ -x "$f" ] && head -c 4 "$f" | grep -q 'ELF'; then rm -f "$f"; fi
+      if is_elf_exe "$f"; then rm -f "$f"; fi
     done
   done
   return 0
@@ -425,7 +427,6 @@ mkdir -p "$STAGE/bin" "$STAGE/bin-staged" "$STAGE/lib/compat" "$STAGE/mpich" "$S
 KINDS="$STAGE/kinds.tsv"
 : >"$KINDS"
 
-is_elf_exe() { [ -f "$1" ] && [ -x "$1" ] && head -c 4 "$1" | grep -q 'ELF'; }
 n_prog=0
 for dir_kind in "unit_tests:unit test" "perf:benchmark" "examples:example" ".:tool"; do
   dir="${dir_kind%%:*}"

@@ -232,7 +232,7 @@ step() {
     record "$name" "$group" "$ranks" 0 0 "" skipped "the ${BUDGET} s budget is spent" "$*" ""
     return 0
   fi
-  [ "$own" -gt "$l" ] && own="$l"
+  own="$(capped "$own")"
   local a
   for a in "$@"; do
     if [[ "$a" == "$KIT/bin/"* ]] && [ ! -x "$a" ]; then
@@ -397,9 +397,8 @@ run_entry() {
 pool() {
   local group="$1" jobs="$2" limit="$3"
   shift 3
-  local l end names=() e name
-  l="$(left)"
-  [ "$limit" -gt "$l" ] && limit="$l"
+  local end names=() e name
+  limit="$(capped "$limit")"
   end=$(($(date +%s) + limit))
   for e in "$@"; do
     name="${e%%$'\t'*}"

@@ -14,6 +14,7 @@
 #include <kdist/torch/tensor_view.hpp>
 #include <vector>
 
+#include "same_on_every_rank.hpp"
 #include "test_space.hpp"
 
 namespace {
@@ -56,15 +57,6 @@ at::Tensor labels(int step, int rank, int rows = 8) {
 std::vector<float> values(const at::Tensor& t) {
   const at::Tensor c = t.detach().contiguous();
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-/// Every rank's `mine` equals this rank's, bit for bit.
-void check_same_on_every_rank(const std::vector<float>& mine) {
-  std::vector<float> all(mine.size() * static_cast<std::size_t>(world_size()));
-  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data(), static_cast<int>(mine.size()),
-                MPI_FLOAT, MPI_COMM_WORLD);
-  for (int r = 0; r < world_size(); ++r)
-    CHECK(std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()),
-                             all.begin() + static_cast<std::ptrdiff_t>((r + 1) * mine.size())) == mine);
 }
 template <class V>
 std::vector<float> values_of(const V& v) {
@@ -252,7 +244,7 @@ TEST_CASE("torch: K-FAC and gradient reduction keep the ranks bit-identical", "[
       const auto v = values(p);
       mine.insert(mine.end(), v.begin(), v.end());
     }
-    check_same_on_every_rank(mine);
+    CHECK(kdist_test::same_on_every_rank(mine));
     CHECK(std::isfinite(mine[0]));
   }
 }
@@ -335,5 +327,5 @@ TEST_CASE("torch: the Adasum reducer follows parameters that torch::load re-home
   // Every rank holds the same parameters, moved from where they started.
   const auto mine = values(model->fc1->weight);
   CHECK(mine != start);
-  check_same_on_every_rank(mine);
+  CHECK(kdist_test::same_on_every_rank(mine));
 }

@@ -45,7 +45,8 @@ class SignatureCheck {
              std::size_t payload_bytes = 0);
   /// Advances without blocking; true once result() holds the maximum over all ranks.
   bool advance(const Wire& wire);
-  /// Blocks until done (the Engine's drain after a mismatch).
+  /// Blocks until done (the tests; the Engine drains checks through advance(), hearing its control
+  /// channel meanwhile).
   void run_to_end(const Wire& wire);
   /// Gives up a pending check; true when its send is still in flight (keep this object alive).
   bool abandon() noexcept;
