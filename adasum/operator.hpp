@@ -11,11 +11,13 @@
 // Both run as Kokkos kernels on the caller's execution space.
 #pragma once
 
+#include <kdist/core/impl/entries.hpp>
 #include <kdist/core/views.hpp>
 
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -114,6 +116,19 @@ inline bool overlap(const std::vector<std::size_t>& bounds, std::size_t t, std::
 /// Checks that bounds are offsets 0 = b_0 <= b_1 <= ... = n.
 void check_bounds(const char* func, const std::vector<std::size_t>& bounds, std::size_t n);
 
+/// apply's kernel on a device space, out[i] := ca a[i] + cb b[i] for i in [lo, hi): a few elements
+/// a thread, all loaded before any is stored (for_copies). out may alias a or b: one thread reads
+/// and writes each element.
+template <class ExecSpace, class T>
+void apply_entries(const ExecSpace& exec, T* out, const T* a, const T* b, std::size_t lo, std::size_t hi, double ca,
+                   double cb) {
+  kdist::impl::for_copies(
+      "kdist::adasum::apply", exec, static_cast<std::int64_t>(hi - lo),
+      KOKKOS_LAMBDA(const std::int64_t e) { return lo + static_cast<std::size_t>(e); },
+      KOKKOS_LAMBDA(const std::size_t i)->T { return apply_one(ca, a[i], cb, b[i]); },
+      KOKKOS_LAMBDA(const std::size_t i, const T v) { out[i] = v; });
+}
+
 }  // namespace impl
 
 /// partials[3t + k] := [a.b, a.a, b.b] of tensor t over the slice [begin, begin + len) of the
@@ -155,9 +170,13 @@ void apply(const ExecSpace& exec, T* out, const T* a, const T* b, std::size_t be
     if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
     const double* p = summed + kPartials * t;
     const double ca = coefficient(p[0], p[1]), cb = coefficient(p[0], p[2]);
-    Kokkos::parallel_for(
-        "kdist::adasum::apply", Kokkos::RangePolicy<ExecSpace>(exec, lo, hi),
-        KOKKOS_LAMBDA(const std::size_t i) { out[i] = impl::apply_one(ca, a[i], cb, b[i]); });
+    if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
+      impl::apply_entries(exec, out, a, b, lo, hi, ca, cb);
+    } else {
+      Kokkos::parallel_for(
+          "kdist::adasum::apply", Kokkos::RangePolicy<ExecSpace>(exec, lo, hi),
+          KOKKOS_LAMBDA(const std::size_t i) { out[i] = impl::apply_one(ca, a[i], cb, b[i]); });
+    }
   }
   compat::fence(exec, "kdist::adasum::apply");
 }

@@ -46,34 +46,41 @@ void check_packed_pair(const char* func, const Full& full, const Packed& packed)
 namespace impl {
 // The device kernels (any execution space runs them; the tests run them on the host too).
 
-/// pack_upper, one thread per packed entry: reads and writes both walk down the columns.
+/// pack_upper, a few packed entries per thread (copy_over_upper): reads and writes both walk down
+/// the columns.
 template <class ExecSpace, class Full, class Packed>
 void pack_upper_entries(const ExecSpace& exec, const Full& full, const Packed& packed) {
-  for_upper_entries(
+  using T = typename Packed::non_const_value_type;
+  copy_over_upper(
       "kdist::pack_upper", exec, static_cast<int>(full.extent(0)),
-      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t k) { packed(k) = full(i, j); });
+      KOKKOS_LAMBDA(const UpperPlace& p)->T { return full(p.i, p.j); },
+      KOKKOS_LAMBDA(const UpperPlace& p, const T v) { packed(p.k) = v; });
 }
 
-/// The upper triangle of `full` from `packed`, one thread per packed entry.
+/// The upper triangle of `full` from `packed`, a few entries per thread.
 template <class ExecSpace, class Packed, class Full>
 void unpack_upper_entries(const ExecSpace& exec, const Packed& packed, const Full& full) {
-  for_upper_entries(
+  using T = typename Full::non_const_value_type;
+  copy_over_upper(
       "kdist::unpack_upper", exec, static_cast<int>(full.extent(0)),
-      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t k) { full(i, j) = packed(k); });
+      KOKKOS_LAMBDA(const UpperPlace& p)->T { return packed(p.k); },
+      KOKKOS_LAMBDA(const UpperPlace& p, const T v) { full(p.i, p.j) = v; });
 }
 
-/// D's upper triangle (diagonal included) := S's, one thread per entry of the triangle.
+/// D's upper triangle (diagonal included) := S's, a few entries of the triangle per thread.
 template <class ExecSpace, class SV, class DV>
 void copy_upper_entries(const ExecSpace& exec, const char* label, const SV& S, const DV& D) {
-  for_upper_entries(
-      label, exec, static_cast<int>(D.extent(0)),
-      KOKKOS_LAMBDA(const int i, const int j, const std::int64_t) { D(i, j) = S(i, j); });
+  using T = typename DV::non_const_value_type;
+  copy_over_upper(
+      label, exec, static_cast<int>(D.extent(0)), KOKKOS_LAMBDA(const UpperPlace& p)->T { return S(p.i, p.j); },
+      KOKKOS_LAMBDA(const UpperPlace& p, const T v) { D(p.i, p.j) = v; });
 }
 
 /// mirror_upper_to_lower through 32 x 32 tiles in team scratch: a team loads the upper tile
 /// down its columns and stores its transpose down the lower tile's columns, so both sides are
 /// read and written along memory (a thread per entry would read the upper side a row apart).
-/// One team per tile on or below the diagonal; `team_size` threads (1 on a host space).
+/// One team per tile on or below the diagonal; `team_size` threads (1 on a host space), each
+/// loading copies_per_thread entries before it stores them into scratch.
 template <class ExecSpace, class MV>
 void mirror_upper_tiles(const ExecSpace& exec, const MV& M, int team_size) {
   using T = typename MV::non_const_value_type;
@@ -90,9 +97,15 @@ void mirror_upper_tiles(const ExecSpace& exec, const MV& M, int team_size) {
         upper_entry(team.league_rank(), tj, ti);
         const int i0 = ti * tile, j0 = tj * tile;
         const Tile s(team.team_scratch(0), tile * pitch);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tile * tile), [&](const int t) {
-          const int a = t % tile, b = t / tile;  // upper entry (j0 + a, i0 + b)
-          if (j0 + a < n && i0 + b < n) s(a + pitch * b) = M(j0 + a, i0 + b);
+        // Thread t loads tile columns t / tile + r * step, r < copies_per_thread, all before storing.
+        constexpr int step = tile / copies_per_thread;
+        static_assert(tile % copies_per_thread == 0, "kdist: a tile's columns split evenly among the copies");
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tile * step), [&](const int t) {
+          const int a = t % tile;  // upper entries (j0 + a, i0 + b)
+          T v[copies_per_thread] = {};
+          for (int r = 0, b = t / tile; r < copies_per_thread; ++r, b += step)
+            if (j0 + a < n && i0 + b < n) v[r] = M(j0 + a, i0 + b);
+          for (int r = 0, b = t / tile; r < copies_per_thread; ++r, b += step) s(a + pitch * b) = v[r];
         });
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tile * tile), [&](const int t) {

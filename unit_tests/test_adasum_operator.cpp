@@ -96,6 +96,24 @@ TEST_CASE("zero vectors, single-element and empty tensors, many small fused tens
   REQUIRE_THROWS_WITH(adasum::combine(TestExec(), e1, e1, bounds_of({3, 3})), Catch::Contains("bounds"));
 }
 
+TEMPLATE_TEST_CASE("apply's device kernel (a few elements a thread) gives apply_one's bits, in place too",
+                   "[adasum][operator]", float, double) {
+  using T = TestType;
+  const Vec xa = input<T>(0, 1000, 52), xb = input<T>(1, 1000, 52);
+  for (const std::size_t lo : {std::size_t(0), std::size_t(3)})
+    for (const std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 997}) {
+      INFO("elements [" << lo << ", " << lo + len << ")");
+      std::vector<T> want(xa.begin(), xa.end());
+      for (std::size_t i = lo; i < lo + len; ++i) want[i] = adasum::impl::apply_one(0.73, T(xa[i]), -1.21, T(xb[i]));
+      auto a = view_of<T>(xa), b = view_of<T>(xb), out = view_of<T>(xa);
+      adasum::impl::apply_entries(TestExec(), out.data(), a.data(), b.data(), lo, lo + len, 0.73, -1.21);
+      adasum::impl::apply_entries(TestExec(), a.data(), a.data(), b.data(), lo, lo + len, 0.73, -1.21);  // in place
+      TestExec().fence();
+      CHECK(vec_of(out) == Vec(want.begin(), want.end()));
+      CHECK(vec_of(a) == Vec(want.begin(), want.end()));
+    }
+}
+
 TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the scalar kernels' bits",
                    "[adasum][operator]", float, double) {
   using T = TestType;

@@ -1,7 +1,9 @@
 // STREAM-like memory bandwidth on an execution space, the limit the memory-bound kernels are held
 // against (bench_adasum's traffic bound; the portability suite's roofline). Three kernels on
 // arrays of n elements of float, bytes counted as STREAM counts them:
-//   copy   c[i] = a[i]               2 n elements moved (read a, write c)
+//   copy   c[i] = a[i]               2 n elements moved (read a, write c), one element a thread
+//   copy_wide  the same copy as kdist's device copies run it: copies_per_thread elements a
+//          thread, loads before stores (kdist/core/impl/entries.hpp, for_copies)
 //   read   s += a[i]                 n                  (a reduction: nothing written; 16 elements a tree
 //                                                         per step, so the dependent adds do not bound it)
 //   triad  a[i] = b[i] + q c[i]      3 n
@@ -19,6 +21,7 @@
 
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
+#include <kdist/core/impl/entries.hpp>
 #include <kdist/core/timer.hpp>
 
 #include <algorithm>
@@ -30,9 +33,9 @@
 namespace kdist_bench {
 
 struct Bandwidth {
-  double copy = 0, read = 0, triad = 0, deep_copy = 0;  ///< bytes per second
-  /// The best plain copy measured: the kernel or the space's deep_copy.
-  double best_copy() const { return std::max(copy, deep_copy); }
+  double copy = 0, read = 0, triad = 0, deep_copy = 0, copy_wide = 0;  ///< bytes per second
+  /// The best plain copy measured: either kernel or the space's deep_copy.
+  double best_copy() const { return std::max({copy, copy_wide, deep_copy}); }
 };
 
 namespace impl {
@@ -91,10 +94,16 @@ Bandwidth measure_bandwidth(std::size_t array_bytes, int reps, MPI_Comm comm, bo
         "kdist_bench::stream_triad", policy, KOKKOS_LAMBDA(const std::size_t i) { a(i) = b(i) + 0.5f * c(i); });
   });
   bw.deep_copy = impl::stream_rate(exec, 2 * e, sweeps, reps, comm, run, [&] { Kokkos::deep_copy(exec, c, a); });
+  bw.copy_wide = impl::stream_rate(exec, 2 * e, sweeps, reps, comm, run, [&] {
+    kdist::impl::for_copies(
+        "kdist_bench::stream_copy_wide", exec, static_cast<std::int64_t>(n),
+        KOKKOS_LAMBDA(const std::int64_t i) { return i; }, KOKKOS_LAMBDA(const std::int64_t i) { return a(i); },
+        KOKKOS_LAMBDA(const std::int64_t i, const float v) { c(i) = v; });
+  });
   if (sink < 0) bw.read = 0;  // keeps the reduction's result alive
-  double out[4] = {bw.copy, bw.read, bw.triad, bw.deep_copy};
-  MPI_Bcast(out, 4, MPI_DOUBLE, 0, comm);
-  return {out[0], out[1], out[2], out[3]};
+  double out[5] = {bw.copy, bw.read, bw.triad, bw.deep_copy, bw.copy_wide};
+  MPI_Bcast(out, 5, MPI_DOUBLE, 0, comm);
+  return {out[0], out[1], out[2], out[3], out[4]};
 }
 
 }  // namespace kdist_bench

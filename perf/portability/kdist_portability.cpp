@@ -5,7 +5,8 @@
 // measured before and after the kernels, the larger taken (the VM's rates drift within minutes):
 //   copy_one, triad_one  STREAM-like copy / triad with this rank alone (perf/common/bandwidth.hpp) on
 //                        arrays past the last-level cache (--stream-bytes, 256 MiB); copy is the
-//                        better of the copy kernel and Kokkos::deep_copy (cudaMemcpy on a GPU)
+//                        best of the copy kernel (one element a thread, and copies_per_thread a thread
+//                        as kdist's device copies) and Kokkos::deep_copy (cudaMemcpy on a GPU)
 //   copy_all             copy with every rank at once (the per-rank share of the memory bus)
 //   gemm_float, gemm_double  kdist::gemm (Kokkos Kernels, BLAS TPL or cuBLAS) at d = --gemm-d
 //   communication        the all-reduce latency and bandwidth of a kdist_calibrate file (--calibration),
@@ -103,7 +104,7 @@ double timed(int reps, const std::function<void()>& call) {
 
 struct Limits {
   double copy_one = 0, triad_one = 0, copy_all = 0, gemm_float = 0, gemm_double = 0;
-  double copy_kernel = 0, deep_copy = 0;  ///< copy_one's two candidates
+  double copy_kernel = 0, copy_wide = 0, deep_copy = 0;  ///< copy_one's candidates
   double of(const std::string& name) const {
     if (name == "copy_one") return copy_one;
     if (name == "gemm_float") return gemm_float;
@@ -118,14 +119,15 @@ struct Limits {
     l.gemm_float = std::max(a.gemm_float, b.gemm_float);
     l.gemm_double = std::max(a.gemm_double, b.gemm_double);
     l.copy_kernel = std::max(a.copy_kernel, b.copy_kernel);
+    l.copy_wide = std::max(a.copy_wide, b.copy_wide);
     l.deep_copy = std::max(a.deep_copy, b.deep_copy);
     return l;
   }
   nlohmann::json to_json() const {
-    return {{"copy_one_GBs", copy_one / 1e9},         {"copy_kernel_GBs", copy_kernel / 1e9},
-            {"deep_copy_GBs", deep_copy / 1e9},       {"triad_one_GBs", triad_one / 1e9},
-            {"copy_all_GBs", copy_all / 1e9},         {"gemm_float_GFLOPs", gemm_float / 1e9},
-            {"gemm_double_GFLOPs", gemm_double / 1e9}};
+    return {{"copy_one_GBs", copy_one / 1e9},        {"copy_kernel_GBs", copy_kernel / 1e9},
+            {"copy_wide_GBs", copy_wide / 1e9},      {"deep_copy_GBs", deep_copy / 1e9},
+            {"triad_one_GBs", triad_one / 1e9},      {"copy_all_GBs", copy_all / 1e9},
+            {"gemm_float_GFLOPs", gemm_float / 1e9}, {"gemm_double_GFLOPs", gemm_double / 1e9}};
   }
 };
 
@@ -146,6 +148,7 @@ Limits measure_limits(const Settings& s) {
   const auto all = kdist_bench::measure_bandwidth<Exec>(s.stream_bytes, s.reps, MPI_COMM_WORLD, false);
   l.copy_one = one.best_copy();
   l.copy_kernel = one.copy;
+  l.copy_wide = one.copy_wide;
   l.deep_copy = one.deep_copy;
   l.triad_one = one.triad;
   l.copy_all = all.best_copy();
@@ -429,10 +432,11 @@ void on_space(const Settings& s, kdist_bench::Table& table, int rank, const std:
   limits_context[Exec::name()] = context;
   if (rank == 0)
     std::printf(
-        "# %s on %s: copy %.1f GB/s alone (kernel %.1f, deep_copy %.1f; %.1f with every rank), triad %.1f GB/s, "
-        "gemm %.1f / %.1f GFLOP/s (float / double); the better of before and after the kernels\n",
-        s.platform.c_str(), Exec::name(), limits.copy_one / 1e9, limits.copy_kernel / 1e9, limits.deep_copy / 1e9,
-        limits.copy_all / 1e9, limits.triad_one / 1e9, limits.gemm_float / 1e9, limits.gemm_double / 1e9);
+        "# %s on %s: copy %.1f GB/s alone (kernel %.1f, %d a thread %.1f, deep_copy %.1f; %.1f with every rank), "
+        "triad %.1f GB/s, gemm %.1f / %.1f GFLOP/s (float / double); the better of before and after the kernels\n",
+        s.platform.c_str(), Exec::name(), limits.copy_one / 1e9, limits.copy_kernel / 1e9,
+        kdist::impl::copies_per_thread, limits.copy_wide / 1e9, limits.deep_copy / 1e9, limits.copy_all / 1e9,
+        limits.triad_one / 1e9, limits.gemm_float / 1e9, limits.gemm_double / 1e9);
   suite.write(table, limits, suffix);
 }
 
