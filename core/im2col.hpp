@@ -17,7 +17,8 @@
 // The patch matrix may have any layout; a LayoutLeft one (each column contiguous over the rows)
 // takes kernels that run along input rows and is what a column-major gemm or syrk reads in place.
 // On a device space (CUDA) im2col runs a team per patch column and image for a LayoutLeft patch
-// matrix, one thread per entry otherwise; col2im gathers over dx's rows.
+// matrix, one thread per entry otherwise; col2im gathers over dx's rows; the NCHW <-> rows copies
+// run a few elements a thread, w fastest.
 // Views: any layout (indexed through operator()), rank and value type checked at compile time;
 // extents and overlap of input and output checked first: InvalidArgument naming the function,
 // the view's label and extents and the expected ones, nothing written.
@@ -27,6 +28,7 @@
 #include <kdist/core/views.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -116,6 +118,30 @@ struct NchwEntries {
       static_cast<int>(t % W));
   }
 };
+/// An element of a B x C x H x W box, and the one numbered e in NCHW order (w fastest).
+struct NchwPlace {
+  int b = 0, c = 0, h = 0, w = 0;
+};
+struct NchwWhere {
+  int C, H, W;
+  KOKKOS_INLINE_FUNCTION NchwPlace operator()(const std::int64_t e) const {
+    const std::int64_t row = e / W;
+    NchwPlace p;
+    p.b = static_cast<int>(row / (H * C));
+    p.c = static_cast<int>((row / H) % C);
+    p.h = static_cast<int>(row % H);
+    p.w = static_cast<int>(e % W);
+    return p;
+  }
+};
+/// store(p, load(p)) for every element p of a B x C x H x W box, a few per thread (for_copies),
+/// w fastest: the device form of a copy between an NCHW tensor and another layout.
+template <class ExecSpace, class Load, class Store>
+void copy_over_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const Load& load,
+                    const Store& store) {
+  for_copies(name, exec, static_cast<std::int64_t>(B) * C * H * W, NchwWhere{C, H, W}, load, store);
+}
+
 /// B * C * H, the rows the row kernels index with int; InvalidArgument naming `name` beyond it
 /// (an output tensor's rows are not bounded by Conv2dGeometry::validate, which sees the input).
 inline int nchw_row_count(const char* name, int B, int C, int H) {
@@ -176,16 +202,34 @@ KOKKOS_INLINE_FUNCTION auto nchw_row(const V& v, int b, int c, int h) {
 /// One element of the NCHW <-> rows copy, in either direction (only the instantiated one has to
 /// be able to write its destination, so the source may be a const view): `row` is row (b, c, h)
 /// of the NCHW view, `column` the rows matrix's column c from row (b, h, 0) on, both indexed by w.
+/// source / target: the element an entry copy reads and writes, p of the NCHW view and row r of
+/// the rows matrix.
 struct ToRows {
   template <class Row, class Column>
   KOKKOS_INLINE_FUNCTION static void move(const Row& row, const Column& column, int w) {
     column[w] = row[w];
+  }
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static decltype(auto) source(const NV& nchw, const RV&, const NchwPlace& p, int) {
+    return nchw(p.b, p.c, p.h, p.w);
+  }
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static decltype(auto) target(const NV&, const RV& rows, const NchwPlace& p, int r) {
+    return rows(r, p.c);
   }
 };
 struct ToNchw {
   template <class Row, class Column>
   KOKKOS_INLINE_FUNCTION static void move(const Row& row, const Column& column, int w) {
     row[w] = column[w];
+  }
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static decltype(auto) source(const NV&, const RV& rows, const NchwPlace& p, int r) {
+    return rows(r, p.c);
+  }
+  template <class NV, class RV>
+  KOKKOS_INLINE_FUNCTION static decltype(auto) target(const NV& nchw, const RV&, const NchwPlace& p, int) {
+    return nchw(p.b, p.c, p.h, p.w);
   }
 };
 
@@ -205,6 +249,21 @@ KOKKOS_INLINE_FUNCTION auto rows_column(const V& v, int r, int c) {
     return RowsColumn<V>{v, r, c};
 }
 
+/// nchw_rows_copy's device body: a few elements a thread, w fastest, so that neighbouring threads
+/// read and write neighbouring addresses on both sides (a thread per row leaves them a row apart).
+template <class Direction, class ExecSpace, class NV, class RV>
+void nchw_rows_copy_entries(const ExecSpace& exec, const char* func, const NV& nchw, const RV& rows) {
+  using T = typename RV::non_const_value_type;
+  const int B = static_cast<int>(nchw.extent(0)), C = static_cast<int>(nchw.extent(1));
+  const int H = static_cast<int>(nchw.extent(2)), W = static_cast<int>(nchw.extent(3));
+  copy_over_nchw(
+      func, exec, B, C, H, W,
+      KOKKOS_LAMBDA(const NchwPlace& p)->T { return Direction::source(nchw, rows, p, (p.b * H + p.h) * W + p.w); },
+      KOKKOS_LAMBDA(const NchwPlace& p, const T v) {
+        Direction::target(nchw, rows, p, (p.b * H + p.h) * W + p.w) = v;
+      });
+}
+
 template <class Direction, class ExecSpace, class NV, class RV>
 void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, const RV& rows) {
   static_assert(compat::view_rank<NV>() == 4, "kdist: the NCHW tensor must be rank 4");
@@ -219,6 +278,10 @@ void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, con
                   "(batch*height*width x channels) for NCHW " + describe(nchw));
   if (nchw.size() > static_cast<std::size_t>(INT_MAX)) throw_invalid(func, describe(nchw) + " exceeds int indexing");
   require_disjoint(func, nchw, rows);
+  if constexpr (!runs_on_host<ExecSpace>()) {
+    nchw_rows_copy_entries<Direction>(exec, func, nchw, rows);
+    return;
+  }
   for_rows_nchw(
       func, exec, B, C, H, KOKKOS_LAMBDA(const int b, const int c, const int h) {
         const auto row = nchw_row(nchw, b, c, h);
@@ -301,25 +364,41 @@ void im2col_entries(const ExecSpace& exec, const char* func, const Conv2dGeometr
       });
 }
 
+/// Threads per team of im2col_column_teams for `spatial` output positions: enough for each to copy
+/// copies_per_thread of them, in whole warps, at most 256 (1 on a host space).
+template <class ExecSpace>
+int im2col_team_size(int spatial) {
+  if (runs_on_host<ExecSpace>()) return 1;
+  const int threads = (spatial + copies_per_thread - 1) / copies_per_thread;
+  return std::min(256, (threads + 31) / 32 * 32);
+}
+
 /// im2col into a LayoutLeft patch matrix on a device: im2col_columns' work items, each a team
 /// whose threads share its output positions, so a team writes down one column and reads along
-/// input rows (both contiguous at stride 1), with one division per entry.
+/// input rows (both contiguous at stride 1), with one division per entry. Thread s0 copies the
+/// positions s0 + r m (m the team's share), loading them all before its first store (for_copies).
 template <class ExecSpace, class XView, class PView>
 void im2col_column_teams(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
                          const PView& patches) {
-  using T = typename PView::value_type;
+  using T = typename PView::non_const_value_type;
   using Policy = Kokkos::TeamPolicy<ExecSpace>;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, B = g.batch;
   const int H = g.height, W = g.width, S = g.stride, P = g.padding, spatial = OH * OW;
+  const int m = (spatial + copies_per_thread - 1) / copies_per_thread;
   Kokkos::parallel_for(
-      func, Policy(exec, g.patch() * B, Kokkos::AUTO), KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+      func, Policy(exec, g.patch() * B, im2col_team_size<ExecSpace>(spatial)),
+      KOKKOS_LAMBDA(const typename Policy::member_type& team) {
         const int b = team.league_rank() % B, k = team.league_rank() / B;
         const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
         const int r0 = b * spatial;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, spatial), [&](const int s) {
-          const int i = s / OW, j = s - i * OW;
-          const int h = i * S - P + p, w = j * S - P + q;
-          patches(r0 + s, k) = h >= 0 && h < H && w >= 0 && w < W ? T(x(b, c, h, w)) : T(0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m), [&](const int s0) {
+          T v[copies_per_thread] = {};
+          for (int r = 0, s = s0; r < copies_per_thread; ++r, s += m) {
+            const int i = s / OW, j = s - i * OW;
+            const int h = i * S - P + p, w = j * S - P + q;
+            if (s < spatial && h >= 0 && h < H && w >= 0 && w < W) v[r] = T(x(b, c, h, w));
+          }
+          for (int r = 0, s = s0; r < copies_per_thread && s < spatial; ++r, s += m) patches(r0 + s, k) = v[r];
         });
       });
 }

@@ -63,6 +63,44 @@ void relu_backward(const ExecSpace& exec, const XV& x, const DYV& dy, const DXV&
       });
 }
 
+/// MaxPool2d's forward on a device space: a thread per output element (b, c, i, j), j fastest (a
+/// thread per output row leaves neighbouring threads a row apart): the first maximum of its
+/// K x K window, read row by row as the host kernel does, and its place p·K + q in argmax.
+template <class ExecSpace, class XV, class YV, class AV>
+void max_pool_forward_entries(const ExecSpace& exec, const XV& x, const YV& y, const AV& argmax, int K) {
+  using T = typename YV::non_const_value_type;
+  kdist::impl::for_each_nchw_entry(
+      "kdist::nn::MaxPool2d::forward", exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)), int(y.extent(3)),
+      KOKKOS_LAMBDA(const int b, const int c, const int i, const int j) {
+        int best = 0;
+        T m = x(b, c, i * K, j * K);
+        for (int p = 0; p < K; ++p)
+          for (int q = 0; q < K; ++q) {
+            const T v = x(b, c, i * K + p, j * K + q);
+            const bool more = v > m;
+            m = more ? v : m;
+            best = more ? p * K + q : best;
+          }
+        y(b, c, i, j) = m;
+        argmax(b, c, i, j) = best;
+      });
+}
+
+/// MaxPool2d's backward on a device space: a thread per input element (b, c, h, w), w fastest:
+/// its window's gradient where it is the window's argmax, else 0 (as past the last whole window).
+template <class ExecSpace, class DYV, class AV, class DXV>
+void max_pool_backward_entries(const ExecSpace& exec, const DYV& dy, const AV& argmax, const DXV& dx, int K) {
+  using T = typename DXV::non_const_value_type;
+  const int OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
+  kdist::impl::for_each_nchw_entry(
+      "kdist::nn::MaxPool2d::backward", exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)),
+      int(dx.extent(3)), KOKKOS_LAMBDA(const int b, const int c, const int h, const int w) {
+        const int i = h / K, j = w / K;
+        const bool routed = i < OH && j < OW && argmax(b, c, i, j) == (h - i * K) * K + (w - j * K);
+        dx(b, c, h, w) = routed ? dy(b, c, i, j) : T(0);
+      });
+}
+
 }  // namespace impl
 
 /// max(x, 0) on rank-2 (B x N) or rank-4 (NCHW) tensors.
@@ -137,6 +175,9 @@ class MaxPool2d {
     impl::ensure_like(exec, argmax_, "kdist::nn::MaxPool2d::argmax", y);
     const int K = k_;
     const auto argmax = argmax_;
+    input_ = impl::extents_of(x);
+    if constexpr (!kdist::impl::runs_on_host<execution_space>())
+      return impl::max_pool_forward_entries(exec, x, y, argmax, K);
     // One work item per output row, through raw row pointers (LayoutRight); the usual 2 x 2
     // window gets its size at compile time, so its loops unroll.
     const int OW = static_cast<int>(y.extent(3));
@@ -148,7 +189,6 @@ class MaxPool2d {
           else
             max_row<0>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
         });
-    input_ = impl::extents_of(x);
   }
 
   void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx) {
@@ -160,6 +200,8 @@ class MaxPool2d {
     // A gather over dx: windows do not overlap, so each element has at most one window.
     const int K = k_, OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
     const auto argmax = argmax_;
+    if constexpr (!kdist::impl::runs_on_host<execution_space>())
+      return impl::max_pool_backward_entries(exec, dy, argmax, dx, K);
     // One work item per input row h: window row i = h / K, offset p = h % K, once per row.
     const int W = static_cast<int>(dx.extent(3));
     kdist::impl::for_rows_nchw(

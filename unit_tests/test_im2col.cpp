@@ -169,6 +169,16 @@ TEMPLATE_TEST_CASE("nchw_to_rows and rows_to_nchw are inverse layout changes", "
     CHECK(to_flat(L) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
     CHECK(to_flat(Y2) == y);
     CHECK(to_flat(Y3) == y);
+    // The device bodies (a few elements a thread), called directly so a host build runs them.
+    const auto R2 = stale_matrix<T>("rows (entries)", B * H * W, C);
+    const auto L2 = stale_matrix<T, Kokkos::LayoutLeft>("rows (entries, column-major)", B * H * W, C);
+    const auto Y4 = device_nchw<T>("y4", B, C, H, W, Dense(y.size(), -7.0));
+    kdist::impl::nchw_rows_copy_entries<kdist::impl::ToRows>(TestExec(), "test to rows", Y, R2);
+    kdist::impl::nchw_rows_copy_entries<kdist::impl::ToRows>(TestExec(), "test to rows", Y, L2);
+    kdist::impl::nchw_rows_copy_entries<kdist::impl::ToNchw>(TestExec(), "test to nchw", Y4, L2);
+    CHECK(to_flat(R2) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
+    CHECK(to_flat(L2) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
+    CHECK(to_flat(Y4) == y);
   }
 }
 

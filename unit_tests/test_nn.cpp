@@ -265,6 +265,54 @@ TEMPLATE_TEST_CASE("nn: the device forms of the bias kernels (teams, one thread 
     for (int r = 0; r < rows; ++r)
       for (int c = 0; c < C; ++c) same = same && double(Yh(r, c)) == double(T(at(r, c) + want[c]));
     CHECK(same);
+
+    // The convolution's output from its column-major product, with and without the bias.
+    for (const bool with_bias : {true, false}) {
+      INFO("bias " << with_bias);
+      const nn::Tensor1<T, TestMem> bias = with_bias ? db : nn::Tensor1<T, TestMem>();
+      nn::Tensor4<T, TestMem> y_entries("y entries", B, C, H, W);
+      const auto want_y = Kokkos::create_mirror(y_entries);  // a host copy, not an alias
+      nn::impl::columns_to_nchw(Kokkos::DefaultHostExecutionSpace(), kdist_test::to_host(Y), kdist_test::to_host(bias),
+                                want_y);
+      nn::impl::columns_to_nchw_entries(TestExec(), Y, bias, y_entries);
+      const Values got = download(y_entries);
+      std::size_t differ = 0;  // a count, not the vectors: Catch would print 800 000 values
+      for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] == double(want_y.data()[i]) ? 0 : 1;
+      CHECK(differ == 0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("nn: the device forms of MaxPool2d (a thread per element) equal the layer, ties and all", "[nn]",
+                   float, double) {
+  using T = TestType;
+  using X4 = nn::Tensor4<T, TestMem>;
+  for (const int K : {2, 3}) {
+    const int B = 2, C = 3, H = 7, W = 8;  // rows and columns past the last whole window
+    INFO("K " << K);
+    Values xv = random_values(B * C * H * W, 31);
+    for (std::size_t i = 0; i < xv.size(); i += 5) xv[i] = xv[i / 3];  // equal maxima
+    const int OH = H / K, OW = W / K;
+    const Values dyv = random_values(B * C * OH * OW, 32);
+    X4 x("x", B, C, H, W), y("y", B, C, OH, OW), dy("dy", B, C, OH, OW), dx("dx", B, C, H, W);
+    upload(x, xv);
+    upload(dy, dyv);
+    upload(dx, Values(xv.size(), -7.0));
+    // The layer on the host space (its row kernels), the device forms on TestExec.
+    using H4 = nn::Tensor4<T, Kokkos::HostSpace>;
+    H4 xh("x", B, C, H, W), yh("y", B, C, OH, OW), dyh("dy", B, C, OH, OW), dxh("dx", B, C, H, W);
+    upload(xh, xv);
+    upload(dyh, dyv);
+    nn::MaxPool2d<T, Kokkos::HostSpace> pool(K);
+    const Kokkos::DefaultHostExecutionSpace host;
+    pool.forward(host, xh, yh);
+    pool.backward(host, dyh, dxh);
+    TestExec exec;
+    Kokkos::View<int****, Kokkos::LayoutRight, TestMem> argmax("argmax", B, C, OH, OW);
+    nn::impl::max_pool_forward_entries(exec, nn::ConstTensor4<T, TestMem>(x), y, argmax, K);
+    nn::impl::max_pool_backward_entries(exec, nn::ConstTensor4<T, TestMem>(dy), argmax, dx, K);
+    CHECK(download(y) == download(yh));
+    CHECK(download(dx) == download(dxh));
   }
 }
 
