@@ -250,7 +250,8 @@ KOKKOS_INLINE_FUNCTION auto rows_column(const V& v, int r, int c) {
 }
 
 /// nchw_rows_copy's device body: a few elements a thread, w fastest, so that neighbouring threads
-/// read and write neighbouring addresses on both sides (a thread per row leaves them a row apart).
+/// read and write neighbouring addresses of the NCHW view and of a LayoutLeft rows matrix (a thread
+/// per row leaves them a row apart; a LayoutRight rows matrix is accessed C elements apart).
 template <class Direction, class ExecSpace, class NV, class RV>
 void nchw_rows_copy_entries(const ExecSpace& exec, const char* func, const NV& nchw, const RV& rows) {
   using T = typename RV::non_const_value_type;
@@ -365,7 +366,8 @@ void im2col_entries(const ExecSpace& exec, const char* func, const Conv2dGeometr
 }
 
 /// Threads per team of im2col_column_teams for `spatial` output positions: enough for each to copy
-/// copies_per_thread of them, in whole warps, at most 256 (1 on a host space).
+/// copies_per_thread of them, in whole 32-thread warps (CUDA's), at most 256, which every CUDA
+/// device runs for this kernel (1 on a host space).
 template <class ExecSpace>
 int im2col_team_size(int spatial) {
   if (runs_on_host<ExecSpace>()) return 1;
@@ -398,7 +400,8 @@ void im2col_column_teams(const ExecSpace& exec, const char* func, const Conv2dGe
             const int h = i * S - P + p, w = j * S - P + q;
             if (s < spatial && h >= 0 && h < H && w >= 0 && w < W) v[r] = T(x(b, c, h, w));
           }
-          for (int r = 0, s = s0; r < copies_per_thread && s < spatial; ++r, s += m) patches(r0 + s, k) = v[r];
+          for (int r = 0; r < copies_per_thread; ++r)  // a fixed trip count: v stays in registers
+            if (s0 + r * m < spatial) patches(r0 + s0 + r * m, k) = v[r];
         });
       });
 }

@@ -101,16 +101,20 @@ TEMPLATE_TEST_CASE("apply's device kernel (a few elements a thread) gives apply_
   using T = TestType;
   const Vec xa = input<T>(0, 1000, 52), xb = input<T>(1, 1000, 52);
   for (const std::size_t lo : {std::size_t(0), std::size_t(3)})
-    for (const std::size_t len : {0, 1, 3, 4, 5, 7, 8, 9, 997}) {
+    for (const std::size_t len : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 997}) {
       INFO("elements [" << lo << ", " << lo + len << ")");
       std::vector<T> want(xa.begin(), xa.end());
       for (std::size_t i = lo; i < lo + len; ++i) want[i] = adasum::impl::apply_one(0.73, T(xa[i]), -1.21, T(xb[i]));
-      auto a = view_of<T>(xa), b = view_of<T>(xb), out = view_of<T>(xa);
+      auto a = view_of<T>(xa), b = view_of<T>(xb), out = view_of<T>(xa), a2 = view_of<T>(xa), b2 = view_of<T>(xb);
       adasum::impl::apply_entries(TestExec(), out.data(), a.data(), b.data(), lo, lo + len, 0.73, -1.21);
-      adasum::impl::apply_entries(TestExec(), a.data(), a.data(), b.data(), lo, lo + len, 0.73, -1.21);  // in place
+      adasum::impl::apply_entries(TestExec(), a.data(), a.data(), b.data(), lo, lo + len, 0.73, -1.21);     // over a
+      adasum::impl::apply_entries(TestExec(), b2.data(), a2.data(), b2.data(), lo, lo + len, 0.73, -1.21);  // over b
       TestExec().fence();
       CHECK(vec_of(out) == Vec(want.begin(), want.end()));
       CHECK(vec_of(a) == Vec(want.begin(), want.end()));
+      std::vector<T> want_b(xb.begin(), xb.end());
+      for (std::size_t i = lo; i < lo + len; ++i) want_b[i] = want[i];
+      CHECK(vec_of(b2) == Vec(want_b.begin(), want_b.end()));
     }
 }
 

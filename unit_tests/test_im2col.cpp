@@ -151,7 +151,8 @@ TEST_CASE("for_each_nchw_entry visits every element once, w fastest", "[core][im
 TEMPLATE_TEST_CASE("nchw_to_rows and rows_to_nchw are inverse layout changes", "[core][im2col]", float, double) {
   using T = TestType;
   std::mt19937_64 rng(3);
-  const int sizes[][4] = {{2, 3, 4, 5}, {1, 1, 1, 1}, {3, 5, 2, 7}, {4, 2, 3, 3}};
+  // 120, 1, 210, 72 and 15 elements: every remainder of the device bodies' four a thread.
+  const int sizes[][4] = {{2, 3, 4, 5}, {1, 1, 1, 1}, {3, 5, 2, 7}, {4, 2, 3, 3}, {1, 3, 1, 5}};
   for (const auto& d : sizes) {
     const int B = d[0], C = d[1], H = d[2], W = d[3];
     INFO("y " << B << " x " << C << " x " << H << " x " << W);
@@ -173,12 +174,15 @@ TEMPLATE_TEST_CASE("nchw_to_rows and rows_to_nchw are inverse layout changes", "
     const auto R2 = stale_matrix<T>("rows (entries)", B * H * W, C);
     const auto L2 = stale_matrix<T, Kokkos::LayoutLeft>("rows (entries, column-major)", B * H * W, C);
     const auto Y4 = device_nchw<T>("y4", B, C, H, W, Dense(y.size(), -7.0));
+    const auto Y5 = device_nchw<T>("y5", B, C, H, W, Dense(y.size(), -7.0));
     kdist::impl::nchw_rows_copy_entries<kdist::impl::ToRows>(TestExec(), "test to rows", Y, R2);
     kdist::impl::nchw_rows_copy_entries<kdist::impl::ToRows>(TestExec(), "test to rows", Y, L2);
     kdist::impl::nchw_rows_copy_entries<kdist::impl::ToNchw>(TestExec(), "test to nchw", Y4, L2);
+    kdist::impl::nchw_rows_copy_entries<kdist::impl::ToNchw>(TestExec(), "test to nchw", Y5, R2);
     CHECK(to_flat(R2) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
     CHECK(to_flat(L2) == kdist_test::nchw_to_rows_ref(y, B, C, H, W));
     CHECK(to_flat(Y4) == y);
+    CHECK(to_flat(Y5) == y);
   }
 }
 

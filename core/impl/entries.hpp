@@ -53,9 +53,11 @@ KOKKOS_INLINE_FUNCTION void upper_entry(const std::int64_t k, int& i, int& j) {
 }
 
 /// Entries a device thread copies at once (for_copies). A thread that loads one entry and stores it
-/// keeps one load in flight, and the rate is then the bytes in flight over the memory's latency, not
-/// the bus: in the H200 kit run the one-entry-per-thread copy kernel moved 1622 GB/s, the triad (two
-/// loads a thread) read twice as fast, and cudaMemcpy moved 3510 GB/s.
+/// keeps one load in flight; if the rate is then the bytes in flight over the memory's latency
+/// rather than the bus, four loads a thread raise it. The reading is a hypothesis from the H200 kit
+/// run: the one-entry-per-thread copy kernel moved 1622 GB/s on 256 MiB arrays, the triad (two
+/// loads a thread) read twice as fast, and cudaMemcpy moved 3510 GB/s on 102 MB ones;
+/// bandwidth.hpp's copy_wide, this form, tests it on the next run.
 constexpr int copies_per_thread = 4;
 
 /// for_copies' work item: thread t copies entries t + r m, r < copies_per_thread (m the thread
