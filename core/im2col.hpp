@@ -106,18 +106,6 @@ struct NchwRows {
     for (int w = 0; w < W; ++w) f(b, c, h, w);
   }
 };
-/// Calls f(b, c, h, w) once per element, one thread each, w fastest (for device spaces, where a
-/// thread per row would leave neighbouring threads a row apart in memory).
-template <class F>
-struct NchwEntries {
-  F f;
-  int C, H, W;
-  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
-    const std::int64_t row = t / W;
-    f(static_cast<int>(row / (H * C)), static_cast<int>((row / H) % C), static_cast<int>(row % H),
-      static_cast<int>(t % W));
-  }
-};
 /// An element of a B x C x H x W box, and the one numbered e in NCHW order (w fastest).
 struct NchwPlace {
   int b = 0, c = 0, h = 0, w = 0;
@@ -132,6 +120,17 @@ struct NchwWhere {
     p.h = static_cast<int>(row % H);
     p.w = static_cast<int>(e % W);
     return p;
+  }
+};
+/// Calls f(b, c, h, w) once per element, one thread each, w fastest (for device spaces, where a
+/// thread per row would leave neighbouring threads a row apart in memory).
+template <class F>
+struct NchwEntries {
+  F f;
+  int C, H, W;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t t) const {
+    const NchwPlace p = NchwWhere{C, H, W}(t);
+    f(p.b, p.c, p.h, p.w);
   }
 };
 /// store(p, load(p)) for every element p of a B x C x H x W box, a few per thread (for_copies),
