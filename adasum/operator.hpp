@@ -78,21 +78,11 @@ KOKKOS_INLINE_FUNCTION T apply_one(double ca, T a, double cb, T b) {
   return static_cast<T>(::fma(ca, static_cast<double>(a), cb * static_cast<double>(b)));
 }
 
-/// Partial sums of one piece as a Kokkos reduction over its kBlock-element blocks.
-template <class T>
-struct PartialSums {
+/// The reduction both forms of the partial sums share: [a.b, a.a, b.b], joined by adding.
+struct PartialsReducer {
   using value_type = double[];
   using size_type = std::size_t;
   const size_type value_count = kPartials;
-  const T* a;
-  const T* b;
-  std::size_t n;
-  PartialSums(const T* pa, const T* pb, std::size_t len) : a(pa), b(pb), n(len) {}
-  std::size_t blocks() const { return (n + kBlock - 1) / kBlock; }
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c, value_type v) const {
-    const std::size_t begin = c * kBlock, end = begin + kBlock < n ? begin + kBlock : n;
-    add_block(a, b, begin, end, v);
-  }
   KOKKOS_INLINE_FUNCTION void init(value_type v) const { v[0] = v[1] = v[2] = 0.0; }
   KOKKOS_INLINE_FUNCTION void join(value_type dst, const value_type src) const {
     for (int k = 0; k < kPartials; ++k) dst[k] += src[k];
@@ -101,6 +91,67 @@ struct PartialSums {
     for (int k = 0; k < kPartials; ++k) dst[k] += src[k];
   }
 };
+
+/// Partial sums of one piece as a Kokkos reduction over its kBlock-element blocks (host spaces:
+/// a serial space adds the blocks in order, the host kernels' bits).
+template <class T>
+struct PartialSums : PartialsReducer {
+  const T* a;
+  const T* b;
+  std::size_t n;
+  PartialSums(const T* pa, const T* pb, std::size_t len) : a(pa), b(pb), n(len) {}
+  std::size_t items() const { return (n + kBlock - 1) / kBlock; }
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c, value_type v) const {
+    const std::size_t begin = c * kBlock, end = begin + kBlock < n ? begin + kBlock : n;
+    add_block(a, b, begin, end, v);
+  }
+};
+
+/// The device form: thread t sums elements t + r m (r < copies_per_thread, m the thread count),
+/// all loaded before the first multiply-add, so each of a warp's loads is to neighbouring
+/// elements (a block of kBlock a thread puts them 256 bytes apart) and a thread keeps several in
+/// flight. The sums go in Kokkos' reduction order: deterministic for a launch, not the blocks' bits.
+template <class T>
+struct StridedPartialSums : PartialsReducer {
+  static constexpr int per_thread = kdist::impl::copies_per_thread;
+  const T* a;
+  const T* b;
+  std::size_t n, threads;
+  StridedPartialSums(const T* pa, const T* pb, std::size_t len)
+      : a(pa), b(pb), n(len), threads((len + per_thread - 1) / per_thread) {}
+  std::size_t items() const { return threads; }
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t t, value_type v) const {
+    double x[per_thread] = {}, y[per_thread] = {};
+    for (int r = 0; r < per_thread; ++r)
+      if (t + r * threads < n) {
+        x[r] = a[t + r * threads];
+        y[r] = b[t + r * threads];
+      }
+    for (int r = 0; r < per_thread; ++r)
+      if (t + r * threads < n) {
+        v[0] = ::fma(x[r], y[r], v[0]);
+        v[1] = ::fma(x[r], x[r], v[1]);
+        v[2] = ::fma(y[r], y[r], v[2]);
+      }
+  }
+};
+
+/// out[0..2] := the partial sums of a, b over [0, n) with `Sums`' form of the reduction. out is
+/// host memory: the call returns with the sums.
+template <class Sums, class ExecSpace, class T>
+void reduce_partials(const ExecSpace& exec, const T* a, const T* b, std::size_t n, double* out) {
+  const Sums f(a, b, n);
+  // An array-valued reduction lands in a View of its length: Kokkos 4.0 removed the raw
+  // pointer result (3.4 accepts both).
+  const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> result(out, kPartials);
+  Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.items()), f, result);
+}
+
+/// partials' device body for one piece: StridedPartialSums.
+template <class ExecSpace, class T>
+void partials_strided(const ExecSpace& exec, const T* a, const T* b, std::size_t n, double* out) {
+  reduce_partials<StridedPartialSums<T>>(exec, a, b, n, out);
+}
 
 /// Tensor t's part of the slice [begin, begin + len) of the global buffer, relative to begin.
 inline bool overlap(const std::vector<std::size_t>& bounds, std::size_t t, std::size_t begin, std::size_t len,
@@ -137,6 +188,8 @@ void apply_entries(const ExecSpace& exec, T* out, const T* a, const T* b, std::s
 /// nonfinite_a[t] / nonfinite_b[t] are set when tensor t's piece of a / b holds a NaN or Inf:
 /// exactly when its squared norm sum is not finite (it cannot overflow for float storage; for
 /// double storage, magnitudes above ~1e154, where the coefficients overflow too, also count).
+/// Host spaces sum in kBlock-element blocks, device spaces a few strided elements a thread
+/// (impl::StridedPartialSums): the same sums up to rounding, not the same bits.
 template <class ExecSpace, class T>
 void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, std::size_t len,
               const std::vector<std::size_t>& bounds, double* partials, std::vector<char>* nonfinite_a = nullptr,
@@ -149,11 +202,10 @@ void partials(const ExecSpace& exec, const T* a, const T* b, std::size_t begin, 
     out[0] = out[1] = out[2] = 0.0;
     std::size_t lo = 0, hi = 0;
     if (!impl::overlap(bounds, t, begin, len, &lo, &hi)) continue;
-    const impl::PartialSums<T> f(a + lo, b + lo, hi - lo);
-    // An array-valued reduction lands in a View of its length: Kokkos 4.0 removed the raw
-    // pointer result (3.4 accepts both). Host memory, so the call returns with the sums.
-    const Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> result(out, kPartials);
-    Kokkos::parallel_reduce("kdist::adasum::partials", Kokkos::RangePolicy<ExecSpace>(exec, 0, f.blocks()), f, result);
+    if constexpr (!kdist::impl::runs_on_host<ExecSpace>())
+      impl::partials_strided(exec, a + lo, b + lo, hi - lo, out);
+    else
+      impl::reduce_partials<impl::PartialSums<T>>(exec, a + lo, b + lo, hi - lo, out);
     if (nonfinite_a) (*nonfinite_a)[t] = !std::isfinite(out[1]);
     if (nonfinite_b) (*nonfinite_b)[t] = !std::isfinite(out[2]);
   }

@@ -118,6 +118,35 @@ TEMPLATE_TEST_CASE("apply's device kernel (a few elements a thread) gives apply_
     }
 }
 
+TEMPLATE_TEST_CASE("partials' device kernel (a few strided elements a thread) sums what a naive loop sums",
+                   "[adasum][operator]", float, double) {
+  using T = TestType;
+  const Vec xa = input<T>(0, 1000, 53), xb = input<T>(1, 1000, 53);
+  auto a = view_of<T>(xa), b = view_of<T>(xb);
+  for (const std::size_t lo : {std::size_t(0), std::size_t(3)})
+    for (const std::size_t len : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 63, 64, 65, 257, 997}) {
+      INFO("elements [" << lo << ", " << lo + len << ")");
+      double want[3] = {}, scale[3] = {};  // the sums, and the sums of their terms' magnitudes
+      for (std::size_t i = lo; i < lo + len; ++i) {
+        const double x = T(xa[i]), y = T(xb[i]);
+        want[0] += x * y, want[1] += x * x, want[2] += y * y;
+        scale[0] += std::abs(x * y), scale[1] += x * x, scale[2] += y * y;
+      }
+      double got[3] = {-1, -1, -1};
+      adasum::impl::partials_strided(TestExec(), a.data() + lo, b.data() + lo, len, got);
+      for (int k = 0; k < 3; ++k) CHECK(std::abs(got[k] - want[k]) <= 1e-14 * scale[k]);
+    }
+  // A NaN in a and an Inf in b show in their squared norms, whichever thread reads them.
+  Vec bad_a = xa, bad_b = xb;
+  bad_a[700] = std::numeric_limits<double>::quiet_NaN();
+  bad_b[1] = std::numeric_limits<double>::infinity();
+  auto na = view_of<T>(bad_a), nb = view_of<T>(bad_b);
+  double got[3] = {};
+  adasum::impl::partials_strided(TestExec(), na.data(), nb.data(), 997, got);
+  CHECK(std::isnan(got[1]));
+  CHECK(!std::isfinite(got[2]));
+}
+
 TEMPLATE_TEST_CASE("host kernels (AVX2, AVX-512 where the CPU has them) give the scalar kernels' bits",
                    "[adasum][operator]", float, double) {
   using T = TestType;
