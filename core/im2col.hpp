@@ -280,14 +280,14 @@ void nchw_rows_copy(const ExecSpace& exec, const char* func, const NV& nchw, con
   require_disjoint(func, nchw, rows);
   if constexpr (!runs_on_host<ExecSpace>()) {
     nchw_rows_copy_entries<Direction>(exec, func, nchw, rows);
-    return;
+  } else {
+    for_rows_nchw(
+        func, exec, B, C, H, KOKKOS_LAMBDA(const int b, const int c, const int h) {
+          const auto row = nchw_row(nchw, b, c, h);
+          const auto column = rows_column(rows, (b * H + h) * W, c);
+          for (int w = 0; w < W; ++w) Direction::move(row, column, w);
+        });
   }
-  for_rows_nchw(
-      func, exec, B, C, H, KOKKOS_LAMBDA(const int b, const int c, const int h) {
-        const auto row = nchw_row(nchw, b, c, h);
-        const auto column = rows_column(rows, (b * H + h) * W, c);
-        for (int w = 0; w < W; ++w) Direction::move(row, column, w);
-      });
 }
 
 }  // namespace impl

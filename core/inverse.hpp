@@ -189,24 +189,24 @@ void copy_upper_counting_nonfinite(const ExecSpace& exec, const char* label, con
   const int n = static_cast<int>(A.extent(0));
   if constexpr (!runs_on_host<ExecSpace>()) {
     copy_upper_counting_entries(exec, label, A, gamma, M, count);
-    return;
+  } else {
+    Kokkos::parallel_reduce(
+        label, Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
+        KOKKOS_LAMBDA(const int j, long long& acc) {
+          // Branch-free loops so the compiler vectorises the copy and the count.
+          int col_bad = 0;
+          for (int i = 0; i < j; ++i) {
+            const T a = A(i, j);
+            M(i, j) = a;
+            col_bad += !compat::isfinite(a);
+          }
+          const T diag = A(j, j);
+          M(j, j) = diag + gamma;
+          col_bad += !compat::isfinite(diag);
+          acc += col_bad;
+        },
+        count);
   }
-  Kokkos::parallel_reduce(
-      label, Kokkos::RangePolicy<ExecSpace>(exec, 0, n),
-      KOKKOS_LAMBDA(const int j, long long& acc) {
-        // Branch-free loops so the compiler vectorises the copy and the count.
-        int col_bad = 0;
-        for (int i = 0; i < j; ++i) {
-          const T a = A(i, j);
-          M(i, j) = a;
-          col_bad += !compat::isfinite(a);
-        }
-        const T diag = A(j, j);
-        M(j, j) = diag + gamma;
-        col_bad += !compat::isfinite(diag);
-        acc += col_bad;
-      },
-      count);
 }
 
 /// M := I when count() > 0, so that no backend ever sees a NaN (OpenBLAS potrf may return
@@ -222,13 +222,13 @@ void identity_if_nonfinite(const ExecSpace& exec, const CV& count, const MV& M) 
         KOKKOS_LAMBDA(const int i, const int j) {
           if (count() != 0) M(i, j) = i == j ? T(1) : T(0);
         });
-    return;
+  } else {
+    Kokkos::parallel_for(
+        "kdist::identity_if_nonfinite", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          if (count() == 0) return;
+          for (int i = 0; i < n; ++i) M(i, j) = i == j ? T(1) : T(0);
+        });
   }
-  Kokkos::parallel_for(
-      "kdist::identity_if_nonfinite", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
-        if (count() == 0) return;
-        for (int i = 0; i < n; ++i) M(i, j) = i == j ? T(1) : T(0);
-      });
 }
 
 /// Enqueues the Cholesky inverse of A + gamma I into inv's upper triangle (potri's route) or into

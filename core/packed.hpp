@@ -130,14 +130,14 @@ void pack_upper(const ExecSpace& exec, const Full& full, const Packed& packed) {
   const int n = static_cast<int>(full.extent(0));
   if constexpr (!impl::runs_on_host<ExecSpace>()) {
     impl::pack_upper_entries(exec, full, packed);
-    return;
+  } else {
+    // One pass over the packed vector: thread t handles the column j it falls in.
+    Kokkos::parallel_for(
+        "kdist::pack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          const std::size_t base = packed_index(0, j);
+          for (int i = 0; i <= j; ++i) packed(base + i) = full(i, j);
+        });
   }
-  // One pass over the packed vector: thread t handles the column j it falls in.
-  Kokkos::parallel_for(
-      "kdist::pack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
-        const std::size_t base = packed_index(0, j);
-        for (int i = 0; i <= j; ++i) packed(base + i) = full(i, j);
-      });
 }
 
 /// M(i,j) := M(j,i) for i > j: LAPACK and gemm results are made exactly symmetric. Works in
@@ -184,13 +184,13 @@ void unpack_columns(const ExecSpace& exec, const Packed& packed, const Full& ful
   const int n = static_cast<int>(full.extent(0));
   if constexpr (!runs_on_host<ExecSpace>()) {
     unpack_upper_entries(exec, packed, full);
-    return;
+  } else {
+    Kokkos::parallel_for(
+        "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
+          const std::size_t base = packed_index(0, j);
+          for (int i = 0; i <= j; ++i) full(i, j) = packed(base + i);
+        });
   }
-  Kokkos::parallel_for(
-      "kdist::unpack_upper", Kokkos::RangePolicy<ExecSpace>(exec, 0, n), KOKKOS_LAMBDA(const int j) {
-        const std::size_t base = packed_index(0, j);
-        for (int i = 0; i <= j; ++i) full(i, j) = packed(base + i);
-      });
 }
 }  // namespace impl
 

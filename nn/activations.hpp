@@ -176,19 +176,21 @@ class MaxPool2d {
     const int K = k_;
     const auto argmax = argmax_;
     input_ = impl::extents_of(x);
-    if constexpr (!kdist::impl::runs_on_host<execution_space>())
-      return impl::max_pool_forward_entries(exec, x, y, argmax, K);
-    // One work item per output row, through raw row pointers (LayoutRight); the usual 2 x 2
-    // window gets its size at compile time, so its loops unroll.
-    const int OW = static_cast<int>(y.extent(3));
-    kdist::impl::for_rows_nchw(
-        func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)),
-        KOKKOS_LAMBDA(const int b, const int c, const int i) {
-          if (K == 2)
-            max_row<2>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
-          else
-            max_row<0>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
-        });
+    if constexpr (!kdist::impl::runs_on_host<execution_space>()) {
+      impl::max_pool_forward_entries(exec, x, y, argmax, K);
+    } else {
+      // One work item per output row, through raw row pointers (LayoutRight); the usual 2 x 2
+      // window gets its size at compile time, so its loops unroll.
+      const int OW = static_cast<int>(y.extent(3));
+      kdist::impl::for_rows_nchw(
+          func, exec, int(y.extent(0)), int(y.extent(1)), int(y.extent(2)),
+          KOKKOS_LAMBDA(const int b, const int c, const int i) {
+            if (K == 2)
+              max_row<2>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
+            else
+              max_row<0>(x, &y(b, c, i, 0), &argmax(b, c, i, 0), b, c, i, OW, K);
+          });
+    }
   }
 
   void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx) {
@@ -200,23 +202,25 @@ class MaxPool2d {
     // A gather over dx: windows do not overlap, so each element has at most one window.
     const int K = k_, OH = static_cast<int>(dy.extent(2)), OW = static_cast<int>(dy.extent(3));
     const auto argmax = argmax_;
-    if constexpr (!kdist::impl::runs_on_host<execution_space>())
-      return impl::max_pool_backward_entries(exec, dy, argmax, dx, K);
-    // One work item per input row h: window row i = h / K, offset p = h % K, once per row.
-    const int W = static_cast<int>(dx.extent(3));
-    kdist::impl::for_rows_nchw(
-        func, exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)),
-        KOKKOS_LAMBDA(const int b, const int c, const int h) {
-          const int i = h / K, p = h - i * K;
-          T* const out = &dx(b, c, h, 0);
-          int w = 0;
-          if (i < OH) {
-            const T* const grad = &dy(b, c, i, 0);
-            const int* const best_at = &argmax(b, c, i, 0);
-            w = K == 2 ? route_row<2>(grad, best_at, out, p, OW, K) : route_row<0>(grad, best_at, out, p, OW, K);
-          }
-          for (; w < W; ++w) out[w] = T(0);
-        });
+    if constexpr (!kdist::impl::runs_on_host<execution_space>()) {
+      impl::max_pool_backward_entries(exec, dy, argmax, dx, K);
+    } else {
+      // One work item per input row h: window row i = h / K, offset p = h % K, once per row.
+      const int W = static_cast<int>(dx.extent(3));
+      kdist::impl::for_rows_nchw(
+          func, exec, int(dx.extent(0)), int(dx.extent(1)), int(dx.extent(2)),
+          KOKKOS_LAMBDA(const int b, const int c, const int h) {
+            const int i = h / K, p = h - i * K;
+            T* const out = &dx(b, c, h, 0);
+            int w = 0;
+            if (i < OH) {
+              const T* const grad = &dy(b, c, i, 0);
+              const int* const best_at = &argmax(b, c, i, 0);
+              w = K == 2 ? route_row<2>(grad, best_at, out, p, OW, K) : route_row<0>(grad, best_at, out, p, OW, K);
+            }
+            for (; w < W; ++w) out[w] = T(0);
+          });
+    }
   }
 
  private:

@@ -51,11 +51,10 @@ void columns_to_nchw_entries(const ExecSpace& exec, const CV& columns, const BV&
       KOKKOS_LAMBDA(const NchwPlace& p, const T v) { y(p.b, p.c, p.h, p.w) = v; });
 }
 
-/// y(b, c, h, w) := columns((b*H + h)*W + w, c) + bias(c) (no bias when it is empty).
+/// columns_to_nchw on a host space.
 template <class ExecSpace, class CV, class BV, class YV>
-void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
+void columns_to_nchw_host(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
   using T = typename YV::non_const_value_type;
-  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return columns_to_nchw_entries(exec, columns, bias, y);
   const int H = static_cast<int>(y.extent(2)), W = static_cast<int>(y.extent(3));
   const bool has_bias = bias.extent(0) > 0;
   kdist::impl::for_rows_nchw(
@@ -68,6 +67,15 @@ void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, c
       });
 }
 
+/// y(b, c, h, w) := columns((b*H + h)*W + w, c) + bias(c) (no bias when it is empty).
+template <class ExecSpace, class CV, class BV, class YV>
+void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
+  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
+    columns_to_nchw_host(exec, columns, bias, y);
+  else
+    columns_to_nchw_entries(exec, columns, bias, y);
+}
+
 /// Y(r, c) += bias(c) for a column-major Y: a thread per entry on a device (kdist/core/impl/
 /// entries.hpp), a column per work item on the host.
 template <class ExecSpace, class BV, class YV>
@@ -77,10 +85,10 @@ void add_bias_entries(const ExecSpace& exec, const BV& bias, const YV& Y) {
       kdist::impl::entries<Kokkos::LayoutLeft>(exec, static_cast<int>(Y.extent(0)), static_cast<int>(Y.extent(1))),
       KOKKOS_LAMBDA(const int r, const int c) { Y(r, c) += bias(c); });
 }
+/// add_bias_columns on a host space.
 template <class ExecSpace, class BV, class YV>
-void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
+void add_bias_columns_host(const ExecSpace& exec, const BV& bias, const YV& Y) {
   using T = typename YV::non_const_value_type;
-  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return add_bias_entries(exec, bias, Y);
   const int rows = static_cast<int>(Y.extent(0));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::add_bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)), KOKKOS_LAMBDA(const int c) {
@@ -88,6 +96,14 @@ void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
         const T add = bias(c);
         for (int r = 0; r < rows; ++r) column[r] += add;
       });
+}
+
+template <class ExecSpace, class BV, class YV>
+void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
+  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
+    add_bias_columns_host(exec, bias, Y);
+  else
+    add_bias_entries(exec, bias, Y);
 }
 
 /// db(c) := Σ_{b,h,w} dy(b, c, h, w), a team per channel (for a device: a thread per channel
@@ -105,13 +121,10 @@ void channel_sums_teams(const ExecSpace& exec, const YV& dy, const BV& db) {
       KOKKOS_LAMBDA(const int c, const T sum) { db(c) = sum; });
 }
 
-/// db(c) := Σ_{b,h,w} dy(b, c, h, w). On the host, eight running sums per channel, element w of a
-/// row going to sum w mod 8: one sum would chain every addition on the one before (the compiler
-/// may not reorder them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+/// channel_sums on a host space.
 template <class ExecSpace, class YV, class BV>
-void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
+void channel_sums_host(const ExecSpace& exec, const YV& dy, const BV& db) {
   using T = typename BV::non_const_value_type;
-  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) return channel_sums_teams(exec, dy, db);
   const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
   Kokkos::parallel_for(
       "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
@@ -128,6 +141,17 @@ void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
           }
         db(c) = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
       });
+}
+
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w). On the host, eight running sums per channel, element w of a
+/// row going to sum w mod 8: one sum would chain every addition on the one before (the compiler
+/// may not reorder them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+template <class ExecSpace, class YV, class BV>
+void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
+  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
+    channel_sums_host(exec, dy, db);
+  else
+    channel_sums_teams(exec, dy, db);
 }
 
 }  // namespace impl

@@ -35,15 +35,15 @@ template <class Exec, class MV>
 void copy_upper(const Exec& exec, const MV& D, const MV& S) {
   if constexpr (!kdist::impl::runs_on_host<Exec>()) {
     kdist::impl::copy_upper_entries(exec, "kdist::kfac::copy_upper", S, D);
-    return;
+  } else {
+    Kokkos::parallel_for(
+        "kdist::kfac::copy_upper", Kokkos::RangePolicy<Exec>(exec, 0, D.extent(0)), KOKKOS_LAMBDA(const int j) {
+          // Column pointers (every matrix here is column-major), so the loop vectorises.
+          auto* const d = &D(0, j);
+          const auto* const s = &S(0, j);
+          for (int i = 0; i <= j; ++i) d[i] = s[i];
+        });
   }
-  Kokkos::parallel_for(
-      "kdist::kfac::copy_upper", Kokkos::RangePolicy<Exec>(exec, 0, D.extent(0)), KOKKOS_LAMBDA(const int j) {
-        // Column pointers (every matrix here is column-major), so the loop vectorises.
-        auto* const d = &D(0, j);
-        const auto* const s = &S(0, j);
-        for (int i = 0; i <= j; ++i) d[i] = s[i];
-      });
 }
 
 // The gradient copies and the KL dot product below walk a row or a column per work item on the
@@ -60,12 +60,9 @@ void gather_gradient_entries(const Exec& exec, const MV& Wt, const GV& weight, c
       KOKKOS_LAMBDA(const int i, const int j) { Wt(j, i) = j < inputs ? weight(i, j) : b(i); });
 }
 
-/// Wᵀ := [weight | bias]ᵀ (the bias row only when `bias`): Wᵀ column-major a_dim x outputs,
-/// weight row-major outputs x inputs, so both are walked along memory (a copy, no transpose):
-/// the preconditioner works on Vᵀ = A⁻¹ Wᵀ G⁻¹ for this reason.
+/// gather_gradient on a host space.
 template <class Exec, class MV, class GV, class BV>
-void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
-  if constexpr (!kdist::impl::runs_on_host<Exec>()) return gather_gradient_entries(exec, Wt, weight, b, bias);
+void gather_gradient_host(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
   const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
       "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)), KOKKOS_LAMBDA(const int i) {
@@ -74,6 +71,17 @@ void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV&
         for (int j = 0; j < inputs; ++j) w[j] = g[j];
         if (bias) w[inputs] = b(i);
       });
+}
+
+/// Wᵀ := [weight | bias]ᵀ (the bias row only when `bias`): Wᵀ column-major a_dim x outputs,
+/// weight row-major outputs x inputs, so both are walked along memory (a copy, no transpose):
+/// the preconditioner works on Vᵀ = A⁻¹ Wᵀ G⁻¹ for this reason.
+template <class Exec, class MV, class GV, class BV>
+void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
+  if constexpr (kdist::impl::runs_on_host<Exec>())
+    gather_gradient_host(exec, Wt, weight, b, bias);
+  else
+    gather_gradient_entries(exec, Wt, weight, b, bias);
 }
 
 /// inner, a thread per entry, i fastest.
@@ -87,10 +95,9 @@ double inner_entries(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
-/// sum_ij V(i,j) W(i,j) in double, column by column (both column-major).
+/// inner on a host space.
 template <class Exec, class MV>
-double inner(const Exec& exec, const MV& V, const MV& W) {
-  if constexpr (!kdist::impl::runs_on_host<Exec>()) return inner_entries(exec, V, W);
+double inner_host(const Exec& exec, const MV& V, const MV& W) {
   const int rows = static_cast<int>(W.extent(0));
   double dot = 0;
   Kokkos::parallel_reduce(
@@ -103,6 +110,15 @@ double inner(const Exec& exec, const MV& V, const MV& W) {
       },
       dot);
   return dot;
+}
+
+/// sum_ij V(i,j) W(i,j) in double, column by column (both column-major).
+template <class Exec, class MV>
+double inner(const Exec& exec, const MV& V, const MV& W) {
+  if constexpr (kdist::impl::runs_on_host<Exec>())
+    return inner_host(exec, V, W);
+  else
+    return inner_entries(exec, V, W);
 }
 
 /// Vᵀ (a x g, column-major) from the all-gathered row blocks of split preconditioning over inputs:
@@ -135,10 +151,9 @@ void scatter_gradient_entries(const Exec& exec, const GV& weight, const BV& b, c
       });
 }
 
-/// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
+/// scatter_gradient on a host space.
 template <class Exec, class GV, class BV, class MV, class T>
-void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
-  if constexpr (!kdist::impl::runs_on_host<Exec>()) return scatter_gradient_entries(exec, weight, b, Vt, nu, bias);
+void scatter_gradient_host(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
   const int inputs = static_cast<int>(weight.extent(1));
   Kokkos::parallel_for(
       "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),
@@ -148,6 +163,15 @@ void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV&
         for (int j = 0; j < inputs; ++j) g[j] = nu * v[j];
         if (bias) b(i) = nu * v[inputs];
       });
+}
+
+/// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
+template <class Exec, class GV, class BV, class MV, class T>
+void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
+  if constexpr (kdist::impl::runs_on_host<Exec>())
+    scatter_gradient_host(exec, weight, b, Vt, nu, bias);
+  else
+    scatter_gradient_entries(exec, weight, b, Vt, nu, bias);
 }
 
 }  // namespace impl
