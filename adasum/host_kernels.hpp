@@ -3,7 +3,7 @@
 // (checked at run time, so the binary stays portable). Each lane does the same fused
 // multiply-adds, multiplies and adds in the same order as the scalar code (add_block's eight
 // lanes are one AVX-512 vector or two AVX2 ones), so every path gives the same bits, and ranks on
-// different CPUs (and a GPU, which fuses natively) still agree. The arithmetic, not memory,
+// different CPUs still agree (the all-reduce runs these on host memory, device buffers staged). The arithmetic, not memory,
 // bounds the partial sums: for 128 Ki float pairs in L2 a plain read takes 9-11 us, and the
 // partial sums took 25 us with four unfused lanes, 18-21 us with eight fused AVX2 ones, 13-15 us
 // in AVX-512 on a Zen 5 core (perf/bench_host_kernels measures each path against the read). The

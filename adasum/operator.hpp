@@ -36,19 +36,17 @@ inline double coefficient(double dot, double norm_sq) {
 
 namespace impl {
 
-/// Width of the blocks partial sums are formed in (elements, counted from the start of each
+/// Width of the blocks the host forms partial sums in (elements, counted from the start of each
 /// tensor's piece); the blocks' sums are added to the total in block order.
 constexpr std::size_t kBlock = 64;
 
 /// v[0..2] += [a.b, a.a, b.b] over elements [begin, end) (at most kBlock), in double by fused
-/// multiply-add (one rounding per element, as a GPU computes it natively and an FMA unit on the
-/// host): element j of each group of eight goes to lane j; lanes j and j + 4 are then added, the
-/// tail after the last group goes to that sum's lane 0 in order, and the four are combined as
-/// (s0 + s1) + (s2 + s3). Eight lanes are two AVX2 vectors per sum (host_kernels.cpp), so each
-/// sum has two independent chains of fused adds; the fixed order keeps the result deterministic
-/// on every path.
-/// Raw pointers (host or device). ::fma: exact on every path; a call into libm on a host build
-/// without FMA code, which is why the host runs host_kernels' add_blocks_host instead.
+/// multiply-add (one rounding per element, as an FMA unit computes it): element j of each group of eight goes to lane
+/// j; lanes j and j + 4 are then added, the tail after the last group goes to that sum's lane 0 in order, and the four
+/// are combined as (s0 + s1) + (s2 + s3). Eight lanes are two AVX2 vectors per sum (host_kernels.cpp), so each sum has
+/// two independent chains of fused adds; the fixed order keeps the result deterministic on every path. Raw pointers
+/// (host or device). ::fma: exact on every path; a call into libm on a host build without FMA code, which is why the
+/// host runs host_kernels' add_blocks_host instead.
 template <class T>
 KOKKOS_INLINE_FUNCTION void add_block(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
   double d[8] = {}, p[8] = {}, q[8] = {};
@@ -109,8 +107,10 @@ struct PartialSums : PartialsReducer {
 
 /// The device form: thread t sums elements t + r m (r < copies_per_thread, m the thread count),
 /// all loaded before the first multiply-add, so each of a warp's loads is to neighbouring
-/// elements (a block of kBlock a thread puts them 256 bytes apart) and a thread keeps several in
-/// flight. The sums go in Kokkos' reduction order: deterministic for a launch, not the blocks' bits.
+/// elements (a block of kBlock a thread puts them kBlock elements apart) and a thread keeps
+/// several in flight; its sums run in registers and reach the reduction's value once. The
+/// threads' sums are joined in Kokkos' reduction order: deterministic for a launch, not the
+/// blocks' bits.
 template <class T>
 struct StridedPartialSums : PartialsReducer {
   static constexpr int per_thread = kdist::impl::copies_per_thread;
@@ -127,12 +127,16 @@ struct StridedPartialSums : PartialsReducer {
         x[r] = a[t + r * threads];
         y[r] = b[t + r * threads];
       }
+    double dot = 0, aa = 0, bb = 0;
     for (int r = 0; r < per_thread; ++r)
       if (t + r * threads < n) {
-        v[0] = ::fma(x[r], y[r], v[0]);
-        v[1] = ::fma(x[r], x[r], v[1]);
-        v[2] = ::fma(y[r], y[r], v[2]);
+        dot = ::fma(x[r], y[r], dot);
+        aa = ::fma(x[r], x[r], aa);
+        bb = ::fma(y[r], y[r], bb);
       }
+    v[0] += dot;
+    v[1] += aa;
+    v[2] += bb;
   }
 };
 

@@ -76,8 +76,7 @@ void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, c
     columns_to_nchw_entries(exec, columns, bias, y);
 }
 
-/// Y(r, c) += bias(c) for a column-major Y: a thread per entry on a device (kdist/core/impl/
-/// entries.hpp), a column per work item on the host.
+/// add_bias_columns on a device space: a thread per entry (kdist/core/impl/entries.hpp).
 template <class ExecSpace, class BV, class YV>
 void add_bias_entries(const ExecSpace& exec, const BV& bias, const YV& Y) {
   Kokkos::parallel_for(
@@ -85,7 +84,8 @@ void add_bias_entries(const ExecSpace& exec, const BV& bias, const YV& Y) {
       kdist::impl::entries<Kokkos::LayoutLeft>(exec, static_cast<int>(Y.extent(0)), static_cast<int>(Y.extent(1))),
       KOKKOS_LAMBDA(const int r, const int c) { Y(r, c) += bias(c); });
 }
-/// add_bias_columns on a host space.
+
+/// add_bias_columns on a host space: a column per work item.
 template <class ExecSpace, class BV, class YV>
 void add_bias_columns_host(const ExecSpace& exec, const BV& bias, const YV& Y) {
   using T = typename YV::non_const_value_type;
@@ -98,6 +98,7 @@ void add_bias_columns_host(const ExecSpace& exec, const BV& bias, const YV& Y) {
       });
 }
 
+/// Y(r, c) += bias(c) for a column-major Y.
 template <class ExecSpace, class BV, class YV>
 void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
   if constexpr (kdist::impl::runs_on_host<ExecSpace>())
@@ -121,7 +122,9 @@ void channel_sums_teams(const ExecSpace& exec, const YV& dy, const BV& db) {
       KOKKOS_LAMBDA(const int c, const T sum) { db(c) = sum; });
 }
 
-/// channel_sums on a host space.
+/// channel_sums on a host space: eight running sums per channel, element w of a row going to sum
+/// w mod 8: one sum would chain every addition on the one before (the compiler may not reorder
+/// them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
 template <class ExecSpace, class YV, class BV>
 void channel_sums_host(const ExecSpace& exec, const YV& dy, const BV& db) {
   using T = typename BV::non_const_value_type;
@@ -143,9 +146,7 @@ void channel_sums_host(const ExecSpace& exec, const YV& dy, const BV& db) {
       });
 }
 
-/// db(c) := Σ_{b,h,w} dy(b, c, h, w). On the host, eight running sums per channel, element w of a
-/// row going to sum w mod 8: one sum would chain every addition on the one before (the compiler
-/// may not reorder them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+/// db(c) := Σ_{b,h,w} dy(b, c, h, w).
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
   if constexpr (kdist::impl::runs_on_host<ExecSpace>())

@@ -95,7 +95,7 @@ double inner_entries(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
-/// inner on a host space.
+/// inner on a host space: column by column (both column-major).
 template <class Exec, class MV>
 double inner_host(const Exec& exec, const MV& V, const MV& W) {
   const int rows = static_cast<int>(W.extent(0));
@@ -112,7 +112,7 @@ double inner_host(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
-/// sum_ij V(i,j) W(i,j) in double, column by column (both column-major).
+/// sum_ij V(i,j) W(i,j) in double.
 template <class Exec, class MV>
 double inner(const Exec& exec, const MV& V, const MV& W) {
   if constexpr (kdist::impl::runs_on_host<Exec>())
