@@ -41,12 +41,13 @@ namespace impl {
 constexpr std::size_t kBlock = 64;
 
 /// v[0..2] += [a.b, a.a, b.b] over elements [begin, end) (at most kBlock), in double by fused
-/// multiply-add (one rounding per element, as an FMA unit computes it): element j of each group of eight goes to lane
-/// j; lanes j and j + 4 are then added, the tail after the last group goes to that sum's lane 0 in order, and the four
-/// are combined as (s0 + s1) + (s2 + s3). Eight lanes are two AVX2 vectors per sum (host_kernels.cpp), so each sum has
-/// two independent chains of fused adds; the fixed order keeps the result deterministic on every path. Raw pointers
-/// (host or device). ::fma: exact on every path; a call into libm on a host build without FMA code, which is why the
-/// host runs host_kernels' add_blocks_host instead.
+/// multiply-add (one rounding per element, as an FMA unit computes it): element j of each group
+/// of eight goes to lane j; lanes j and j + 4 are then added, the tail after the last group goes
+/// to that sum's lane 0 in order, and the four are combined as (s0 + s1) + (s2 + s3). Eight lanes
+/// are two AVX2 vectors per sum (host_kernels.cpp), so each sum has two independent chains of
+/// fused adds; the fixed order keeps the result deterministic on every path.
+/// Raw pointers (host or device). ::fma: exact on every path; a call into libm on a host build
+/// without FMA code, which is why the host runs host_kernels' add_blocks_host instead.
 template <class T>
 KOKKOS_INLINE_FUNCTION void add_block(const T* a, const T* b, std::size_t begin, std::size_t end, double* v) {
   double d[8] = {}, p[8] = {}, q[8] = {};
