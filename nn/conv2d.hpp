@@ -51,29 +51,24 @@ void columns_to_nchw_entries(const ExecSpace& exec, const CV& columns, const BV&
       KOKKOS_LAMBDA(const NchwPlace& p, const T v) { y(p.b, p.c, p.h, p.w) = v; });
 }
 
-/// columns_to_nchw on a host space.
-template <class ExecSpace, class CV, class BV, class YV>
-void columns_to_nchw_host(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
-  using T = typename YV::non_const_value_type;
-  const int H = static_cast<int>(y.extent(2)), W = static_cast<int>(y.extent(3));
-  const bool has_bias = bias.extent(0) > 0;
-  kdist::impl::for_rows_nchw(
-      "kdist::nn::Conv2d::columns_to_nchw", exec, static_cast<int>(y.extent(0)), static_cast<int>(y.extent(1)), H,
-      KOKKOS_LAMBDA(const int b, const int c, const int h) {
-        const T add = has_bias ? bias(c) : T(0);
-        T* const row = &y(b, c, h, 0);
-        const T* const column = &columns((b * H + h) * W, c);
-        for (int w = 0; w < W; ++w) row[w] = column[w] + add;
-      });
-}
-
 /// y(b, c, h, w) := columns((b*H + h)*W + w, c) + bias(c) (no bias when it is empty).
 template <class ExecSpace, class CV, class BV, class YV>
 void columns_to_nchw(const ExecSpace& exec, const CV& columns, const BV& bias, const YV& y) {
-  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
-    columns_to_nchw_host(exec, columns, bias, y);
-  else
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
     columns_to_nchw_entries(exec, columns, bias, y);
+  } else {
+    using T = typename YV::non_const_value_type;
+    const int H = static_cast<int>(y.extent(2)), W = static_cast<int>(y.extent(3));
+    const bool has_bias = bias.extent(0) > 0;
+    kdist::impl::for_rows_nchw(
+        "kdist::nn::Conv2d::columns_to_nchw", exec, static_cast<int>(y.extent(0)), static_cast<int>(y.extent(1)), H,
+        KOKKOS_LAMBDA(const int b, const int c, const int h) {
+          const T add = has_bias ? bias(c) : T(0);
+          T* const row = &y(b, c, h, 0);
+          const T* const column = &columns((b * H + h) * W, c);
+          for (int w = 0; w < W; ++w) row[w] = column[w] + add;
+        });
+  }
 }
 
 /// add_bias_columns on a device space: a thread per entry (kdist/core/impl/entries.hpp).
@@ -85,26 +80,23 @@ void add_bias_entries(const ExecSpace& exec, const BV& bias, const YV& Y) {
       KOKKOS_LAMBDA(const int r, const int c) { Y(r, c) += bias(c); });
 }
 
-/// add_bias_columns on a host space: a column per work item.
-template <class ExecSpace, class BV, class YV>
-void add_bias_columns_host(const ExecSpace& exec, const BV& bias, const YV& Y) {
-  using T = typename YV::non_const_value_type;
-  const int rows = static_cast<int>(Y.extent(0));
-  Kokkos::parallel_for(
-      "kdist::nn::Conv2d::add_bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)), KOKKOS_LAMBDA(const int c) {
-        T* const column = &Y(0, c);
-        const T add = bias(c);
-        for (int r = 0; r < rows; ++r) column[r] += add;
-      });
-}
-
 /// Y(r, c) += bias(c) for a column-major Y.
 template <class ExecSpace, class BV, class YV>
 void add_bias_columns(const ExecSpace& exec, const BV& bias, const YV& Y) {
-  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
-    add_bias_columns_host(exec, bias, Y);
-  else
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
     add_bias_entries(exec, bias, Y);
+  } else {
+    // The host form: a column per work item.
+    using T = typename YV::non_const_value_type;
+    const int rows = static_cast<int>(Y.extent(0));
+    Kokkos::parallel_for(
+        "kdist::nn::Conv2d::add_bias", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)),
+        KOKKOS_LAMBDA(const int c) {
+          T* const column = &Y(0, c);
+          const T add = bias(c);
+          for (int r = 0; r < rows; ++r) column[r] += add;
+        });
+  }
 }
 
 /// db(c) := Σ_{b,h,w} dy(b, c, h, w), a team per channel (for a device: a thread per channel
@@ -122,37 +114,34 @@ void channel_sums_teams(const ExecSpace& exec, const YV& dy, const BV& db) {
       KOKKOS_LAMBDA(const int c, const T sum) { db(c) = sum; });
 }
 
-/// channel_sums on a host space: eight running sums per channel, element w of a row going to sum
-/// w mod 8: one sum would chain every addition on the one before (the compiler may not reorder
-/// them), and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
-template <class ExecSpace, class YV, class BV>
-void channel_sums_host(const ExecSpace& exec, const YV& dy, const BV& db) {
-  using T = typename BV::non_const_value_type;
-  const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)), W = static_cast<int>(dy.extent(3));
-  Kokkos::parallel_for(
-      "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
-      KOKKOS_LAMBDA(const int c) {
-        constexpr int lanes = 8;  // declared in the body: nothing for nvcc to capture
-        T sum[lanes] = {};
-        for (int b = 0; b < B; ++b)
-          for (int h = 0; h < H; ++h) {
-            const T* const row = &dy(b, c, h, 0);
-            int w = 0;
-            for (; w + lanes <= W; w += lanes)
-              for (int k = 0; k < lanes; ++k) sum[k] += row[w + k];
-            for (int k = 0; w + k < W; ++k) sum[k] += row[w + k];
-          }
-        db(c) = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
-      });
-}
-
 /// db(c) := Σ_{b,h,w} dy(b, c, h, w).
 template <class ExecSpace, class YV, class BV>
 void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
-  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
-    channel_sums_host(exec, dy, db);
-  else
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
     channel_sums_teams(exec, dy, db);
+  } else {
+    // The host form: eight running sums per channel, element w of a row going to sum w mod 8:
+    // one sum would chain every addition on the one before (the compiler may not reorder them),
+    // and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+    using T = typename BV::non_const_value_type;
+    const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)),
+              W = static_cast<int>(dy.extent(3));
+    Kokkos::parallel_for(
+        "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
+        KOKKOS_LAMBDA(const int c) {
+          constexpr int lanes = 8;  // declared in the body: nothing for nvcc to capture
+          T sum[lanes] = {};
+          for (int b = 0; b < B; ++b)
+            for (int h = 0; h < H; ++h) {
+              const T* const row = &dy(b, c, h, 0);
+              int w = 0;
+              for (; w + lanes <= W; w += lanes)
+                for (int k = 0; k < lanes; ++k) sum[k] += row[w + k];
+              for (int k = 0; w + k < W; ++k) sum[k] += row[w + k];
+            }
+          db(c) = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+        });
+  }
 }
 
 }  // namespace impl

@@ -60,28 +60,24 @@ void gather_gradient_entries(const Exec& exec, const MV& Wt, const GV& weight, c
       KOKKOS_LAMBDA(const int i, const int j) { Wt(j, i) = j < inputs ? weight(i, j) : b(i); });
 }
 
-/// gather_gradient on a host space.
-template <class Exec, class MV, class GV, class BV>
-void gather_gradient_host(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
-  const int inputs = static_cast<int>(weight.extent(1));
-  Kokkos::parallel_for(
-      "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)), KOKKOS_LAMBDA(const int i) {
-        auto* const w = &Wt(0, i);
-        const auto* const g = &weight(i, 0);
-        for (int j = 0; j < inputs; ++j) w[j] = g[j];
-        if (bias) w[inputs] = b(i);
-      });
-}
-
 /// Wᵀ := [weight | bias]ᵀ (the bias row only when `bias`): Wᵀ column-major a_dim x outputs,
 /// weight row-major outputs x inputs, so both are walked along memory (a copy, no transpose):
 /// the preconditioner works on Vᵀ = A⁻¹ Wᵀ G⁻¹ for this reason.
 template <class Exec, class MV, class GV, class BV>
 void gather_gradient(const Exec& exec, const MV& Wt, const GV& weight, const BV& b, bool bias) {
-  if constexpr (kdist::impl::runs_on_host<Exec>())
-    gather_gradient_host(exec, Wt, weight, b, bias);
-  else
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) {
     gather_gradient_entries(exec, Wt, weight, b, bias);
+  } else {
+    const int inputs = static_cast<int>(weight.extent(1));
+    Kokkos::parallel_for(
+        "kdist::kfac::gather_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),
+        KOKKOS_LAMBDA(const int i) {
+          auto* const w = &Wt(0, i);
+          const auto* const g = &weight(i, 0);
+          for (int j = 0; j < inputs; ++j) w[j] = g[j];
+          if (bias) w[inputs] = b(i);
+        });
+  }
 }
 
 /// inner, a thread per entry, i fastest.
@@ -95,30 +91,26 @@ double inner_entries(const Exec& exec, const MV& V, const MV& W) {
   return dot;
 }
 
-/// inner on a host space: column by column (both column-major).
-template <class Exec, class MV>
-double inner_host(const Exec& exec, const MV& V, const MV& W) {
-  const int rows = static_cast<int>(W.extent(0));
-  double dot = 0;
-  Kokkos::parallel_reduce(
-      "kdist::kfac::kl_dot", Kokkos::RangePolicy<Exec>(exec, 0, W.extent(1)),
-      KOKKOS_LAMBDA(const int j, double& sum) {
-        const auto *const v = &V(0, j), *const w = &W(0, j);
-        double column = 0;
-        for (int i = 0; i < rows; ++i) column += double(v[i]) * double(w[i]);
-        sum += column;
-      },
-      dot);
-  return dot;
-}
-
 /// sum_ij V(i,j) W(i,j) in double.
 template <class Exec, class MV>
 double inner(const Exec& exec, const MV& V, const MV& W) {
-  if constexpr (kdist::impl::runs_on_host<Exec>())
-    return inner_host(exec, V, W);
-  else
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) {
     return inner_entries(exec, V, W);
+  } else {
+    // The host form: column by column (both column-major).
+    const int rows = static_cast<int>(W.extent(0));
+    double dot = 0;
+    Kokkos::parallel_reduce(
+        "kdist::kfac::kl_dot", Kokkos::RangePolicy<Exec>(exec, 0, W.extent(1)),
+        KOKKOS_LAMBDA(const int j, double& sum) {
+          const auto *const v = &V(0, j), *const w = &W(0, j);
+          double column = 0;
+          for (int i = 0; i < rows; ++i) column += double(v[i]) * double(w[i]);
+          sum += column;
+        },
+        dot);
+    return dot;
+  }
 }
 
 /// Vᵀ (a x g, column-major) from the all-gathered row blocks of split preconditioning over inputs:
@@ -151,27 +143,22 @@ void scatter_gradient_entries(const Exec& exec, const GV& weight, const BV& b, c
       });
 }
 
-/// scatter_gradient on a host space.
-template <class Exec, class GV, class BV, class MV, class T>
-void scatter_gradient_host(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
-  const int inputs = static_cast<int>(weight.extent(1));
-  Kokkos::parallel_for(
-      "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),
-      KOKKOS_LAMBDA(const int i) {
-        const auto* const v = &Vt(0, i);
-        auto* const g = &weight(i, 0);
-        for (int j = 0; j < inputs; ++j) g[j] = nu * v[j];
-        if (bias) b(i) = nu * v[inputs];
-      });
-}
-
 /// [weight | bias] := nu V, from Vᵀ column-major (a_dim x outputs) into the row-major weight.
 template <class Exec, class GV, class BV, class MV, class T>
 void scatter_gradient(const Exec& exec, const GV& weight, const BV& b, const MV& Vt, T nu, bool bias) {
-  if constexpr (kdist::impl::runs_on_host<Exec>())
-    scatter_gradient_host(exec, weight, b, Vt, nu, bias);
-  else
+  if constexpr (!kdist::impl::runs_on_host<Exec>()) {
     scatter_gradient_entries(exec, weight, b, Vt, nu, bias);
+  } else {
+    const int inputs = static_cast<int>(weight.extent(1));
+    Kokkos::parallel_for(
+        "kdist::kfac::scatter_gradient", Kokkos::RangePolicy<Exec>(exec, 0, weight.extent(0)),
+        KOKKOS_LAMBDA(const int i) {
+          const auto* const v = &Vt(0, i);
+          auto* const g = &weight(i, 0);
+          for (int j = 0; j < inputs; ++j) g[j] = nu * v[j];
+          if (bias) b(i) = nu * v[inputs];
+        });
+  }
 }
 
 }  // namespace impl

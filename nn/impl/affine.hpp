@@ -52,26 +52,21 @@ void column_sums_teams(const ExecSpace& exec, const DYV& dY, const DBV& db) {
       KOKKOS_LAMBDA(const int j, const T sum) { db(j) = sum; });
 }
 
-/// column_sums on a host space.
-template <class ExecSpace, class DYV, class DBV>
-void column_sums_host(const ExecSpace& exec, const DYV& dY, const DBV& db) {
-  using T = typename DBV::non_const_value_type;
-  const int rows = static_cast<int>(dY.extent(0));
-  Kokkos::parallel_for(
-      "kdist::nn::column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)), KOKKOS_LAMBDA(const int j) {
-        T sum = 0;
-        for (int i = 0; i < rows; ++i) sum += dY(i, j);
-        db(j) = sum;
-      });
-}
-
 /// db(j) := Σ_i dY(i, j): a team per column on a device, a column per work item on the host.
 template <class ExecSpace, class DYV, class DBV>
 void column_sums(const ExecSpace& exec, const DYV& dY, const DBV& db) {
-  if constexpr (kdist::impl::runs_on_host<ExecSpace>())
-    column_sums_host(exec, dY, db);
-  else
+  if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
     column_sums_teams(exec, dY, db);
+  } else {
+    using T = typename DBV::non_const_value_type;
+    const int rows = static_cast<int>(dY.extent(0));
+    Kokkos::parallel_for(
+        "kdist::nn::column_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)), KOKKOS_LAMBDA(const int j) {
+          T sum = 0;
+          for (int i = 0; i < rows; ++i) sum += dY(i, j);
+          db(j) = sum;
+        });
+  }
 }
 
 /// dW := dYᵀ X; db := Σ_rows dY (when db is not empty); dX := dY W (when dX is not empty).
