@@ -14,6 +14,10 @@
 // The reduction is pluggable: sum, average, or any function that turns a buffer with its layout
 // into a Request (Adasum plugs in here, coefficients per tensor).
 //
+// use_storage(buffer) makes the groups' buffers consecutive pieces of a buffer the caller owns
+// (PyTorch DDP's gradient_as_bucket_view): a flat tensor that already lives in its slot
+// (slot_data) is handed over and written back without a copy.
+//
 // Errors: a tensor out of order or with the wrong size fails the Engine on every rank (the peers
 // would otherwise wait for this group forever) and throws InvalidArgument here. Views handed to
 // ready() must stay alive until wait() returns.
@@ -92,6 +96,25 @@ class FusedAllreducer {
   const FusionPlan& plan() const noexcept { return plan_; }
   const std::vector<Tensor>& tensors() const noexcept { return tensors_; }
 
+  /// From now on the groups' buffers are consecutive pieces of `storage`, which holds every
+  /// tensor's elements in order (its size their total) and which the caller keeps alive and does
+  /// not touch between a tensor's ready() and wait(); kept across set_plan. Waits for groups still
+  /// in flight first. InvalidArgument on a size that is not the total.
+  void use_storage(const Buffer& storage) {
+    const std::size_t total = offset_of(static_cast<int>(tensors_.size()));
+    if (storage.extent(0) != total)
+      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::use_storage",
+                                 "storage " + kdist::impl::describe(storage) + " must hold the " +
+                                     std::to_string(total) + " elements of the " + std::to_string(tensors_.size()) +
+                                     " tensors (rank " + std::to_string(engine_.rank()) + ")");
+    (void)settle_groups();
+    storage_ = storage;
+    set_plan(plan_);
+  }
+  /// Where tensor i's elements lie in the fusion buffers (its slot): a flat tensor whose view
+  /// starts here is not copied by ready() or wait().
+  T* slot_data(int i) { return slot(i).data(); }
+
   /// Starts an iteration (ready times are measured from here).
   void begin() {
     // An iteration the caller left without wait() (its own exception) may still have groups in
@@ -105,7 +128,7 @@ class FusedAllreducer {
   void ready(const execution_space& exec, int i, const Vector& v) {
     arrive(i, v.extent(0), false, v.label());
     flat_[static_cast<std::size_t>(i)] = v;
-    Kokkos::deep_copy(exec, slot(i), v);
+    if (v.data() != slot_data(i)) Kokkos::deep_copy(exec, slot(i), v);
     launch_if_complete(exec, i);
   }
   /// Tensor i (square symmetric) is ready; its upper triangle is packed into the buffer.
@@ -140,7 +163,7 @@ class FusedAllreducer {
         unpack_upper_triangle(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
       else if (t.symmetric)
         unpack_upper(exec, slot(i), sym_[static_cast<std::size_t>(i)]);
-      else
+      else if (flat_[static_cast<std::size_t>(i)].data() != slot_data(i))
         Kokkos::deep_copy(exec, flat_[static_cast<std::size_t>(i)], slot(i));
     }
   }
@@ -188,12 +211,21 @@ class FusedAllreducer {
       if (tensors_[static_cast<std::size_t>(i)].symmetric)
         gr.layout.symmetric.push_back(static_cast<std::size_t>(i - begin));
     }
-    gr.buffer =
-        Buffer(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
-               gr.layout.bounds.back());
+    if (storage_.data())  // a piece of the caller's storage (unmanaged)
+      gr.buffer = Buffer(storage_.data() + offset_of(begin), gr.layout.bounds.back());
+    else
+      gr.buffer = Buffer(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
+          gr.layout.bounds.back());
     gr.label = "fused[" + tensors_[static_cast<std::size_t>(begin)].label + ".." +
                tensors_[static_cast<std::size_t>(end - 1)].label + "]";
     return gr;
+  }
+  /// Elements of tensors [0, i).
+  std::size_t offset_of(int i) const {
+    std::size_t n = 0;
+    for (int k = 0; k < i; ++k) n += tensors_[static_cast<std::size_t>(k)].elements();
+    return n;
   }
   double now() const { return clock_ ? clock_->now() : Clock::local_now(); }
   Group& group(int i) { return groups_[static_cast<std::size_t>(plan_.group_of(i))]; }
@@ -255,6 +287,7 @@ class FusedAllreducer {
   Reduction reduction_;
   const Clock* clock_;
   FusionPlan plan_;
+  Buffer storage_;  // the caller's (use_storage), or empty: each group allocates its own
   std::vector<Group> groups_;
   std::vector<Vector> flat_;
   std::vector<Symmetric> sym_;

@@ -64,6 +64,38 @@ void GradientReducer::allreduce() {
   fused_->begin();
   for (std::size_t i = 0; i < grads.size(); ++i) fused_->ready(exec, static_cast<int>(i), grads[i]);
   fused_->wait(exec);
+  attach_gradients(exec);
+}
+
+// The gradients as pieces of one bucket that is also the fusion buffer (PyTorch DDP's
+// gradient_as_bucket_view): backward accumulates into it in place (Optimizer::zero_grad zeroes a
+// gradient without replacing it), so the next allreduce() reduces it where it lies, no copy in or
+// out. Each gradient shares the bucket's storage rather than being a view of it, because
+// zero_grad detaches gradients in place, which torch refuses on a view. The storage is torch's, so
+// a gradient outlives the reducer safely. A gradient replaced since (zero_grad(true), an
+// assignment) is copied in and out as before and then attached again; one on another device is
+// left alone.
+void GradientReducer::attach_gradients(const Exec& exec) {
+  const bool fresh = !bucket_.defined();
+  if (fresh) {
+    std::int64_t total = 0;
+    for (const auto& p : params_) total += p.numel();
+    bucket_ = ::torch::zeros({total}, params_.front().grad().options());
+    fused_->use_storage(FusedBuffer(bucket_.data_ptr<float>(), static_cast<std::size_t>(total)));
+    exec.fence();  // the results scattered into the gradients, which the copies below read
+  }
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor grad = params_[i].grad();
+    const std::int64_t n = grad.numel();
+    if (grad.data_ptr() != fused_->slot_data(static_cast<int>(i)) && grad.device() == bucket_.device()) {
+      at::Tensor g = ::torch::empty({0}, bucket_.options());
+      g.set_(bucket_.storage(), offset, grad.sizes());
+      if (fresh) g.copy_(grad);  // later, the reduction already ran in the bucket
+      params_[i].mutable_grad() = g;
+    }
+    offset += n;
+  }
 }
 
 // Views of the parameters' storage as it is now: torch::load and Module::to give a parameter new

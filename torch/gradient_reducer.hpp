@@ -11,14 +11,17 @@
 //   loss.backward(); reducer.step([&] { kfac.step(); optimizer.step(); });
 //
 // The parameters are the model's that require gradients, in named_parameters() order, float32,
-// contiguous, on the view's device (tensor_view.hpp); their .grad() is reduced in place, no copy
-// out of the tensors. allreduce() averages: each rank's loss must be the mean over equal shares
-// of the global batch (weight it otherwise). Errors (a parameter without a gradient, another
-// dtype or device) are an InvalidArgument naming the parameter and the rank; the Engine fails so
-// the other ranks raise comm::RemoteError with it at their next wait on it. With a KFAC on another
-// Engine, fail that one too in your catch block (docs/torch.md), or peers waiting on it hang.
-// The parameters' storage is read at every step: torch::load or Module::to after construction is
-// followed.
+// contiguous, on the view's device (tensor_view.hpp). allreduce() averages: each rank's loss must
+// be the mean over equal shares of the global batch (weight it otherwise). It leaves every .grad()
+// a tensor on the storage of one bucket, the fusion buffer itself (PyTorch DDP's
+// gradient_as_bucket_view), so from the second step on, backward accumulates into the bucket and
+// the gradients are reduced where they lie, with no copy in or out; a .grad() replaced meanwhile
+// (zero_grad(true), an assignment) is copied, reduced and attached again. Errors (a parameter
+// without a gradient, another dtype or device) are an InvalidArgument naming the parameter and the
+// rank; the Engine fails so the other ranks raise comm::RemoteError with it at their next wait on
+// it. With a KFAC on another Engine, fail that one too in your catch block (docs/torch.md), or
+// peers waiting on it hang. The parameters' storage is read at every step: torch::load or
+// Module::to after construction is followed.
 #pragma once
 
 #include <kdist/adasum/delta_optimizer.hpp>
@@ -59,6 +62,8 @@ class GradientReducer {
   [[noreturn]] void refuse(const std::string& message);
   std::vector<Kokkos::View<float*, Mem>> gradients(const char* operation);
   std::vector<Kokkos::View<float*, Mem>> parameter_views() const;
+  using FusedBuffer = typename comm::FusedAllreducer<float, Mem>::Buffer;
+  void attach_gradients(const Kokkos::DefaultExecutionSpace& exec);
 
   comm::Engine& engine_;
   Reduce reduce_;
@@ -66,6 +71,7 @@ class GradientReducer {
   std::vector<at::Tensor> params_;
   std::unique_ptr<comm::FusedAllreducer<float, Mem>> fused_;
   std::unique_ptr<adasum::DeltaOptimizer<float, Mem>> adasum_;
+  at::Tensor bucket_;  // Reduce::average: every gradient's storage after the first allreduce()
 };
 
 }  // namespace torch

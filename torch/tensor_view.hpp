@@ -5,13 +5,13 @@
 //   auto v = kdist::torch::view_of<float**>(w, "fc1 weight grad");  // Kokkos::View<float**, LayoutRight>
 //   auto g = kdist::torch::flat_view_of<float>(w, "fc1 weight grad");  // all of it, rank 1
 //
-// Contract. The tensor must be defined, strided (not sparse or MKL-DNN), of the view's element type (float: torch::kFloat32,
-// double: torch::kFloat64), of the view's rank (flat_view_of: any rank), contiguous (row-major,
-// so the view is LayoutRight), and on the view's memory space's device: the CPU for HostSpace,
-// a CUDA device for CudaSpace (CUDA builds). Anything else is a kdist::InvalidArgument naming
-// the operation, `what`, the tensor's sizes, dtype, device and strides, and the MPI rank: no
-// silent copy. The view does not own the storage: keep the tensor alive while it is used, and do
-// not let torch resize it.
+// Contract. The tensor must be defined, strided (not sparse or MKL-DNN), of the view's element type
+// (float: torch::kFloat32, double: torch::kFloat64), of the view's rank (flat_view_of: any rank),
+// contiguous (row-major, so the view is LayoutRight), and on the view's memory space's device: the
+// CPU for HostSpace, a CUDA device for CudaSpace (CUDA builds). Anything else is a
+// kdist::InvalidArgument naming the operation, `what`, the tensor's sizes, dtype, device and
+// strides, and the MPI rank: no silent copy. The view does not own the storage: keep the tensor
+// alive while it is used, and do not let torch resize it.
 #pragma once
 
 #include <kdist/core/error.hpp>

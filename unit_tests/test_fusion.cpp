@@ -203,3 +203,50 @@ TEST_CASE("FusedAllreducer::set_plan rejects plans that do not cover each tensor
   CHECK(to_host(c)(1) == 3.0 * mean);
   CHECK(eng.stats().collective_calls == 2);  // one per group of the plan
 }
+
+TEST_CASE("FusedAllreducer::use_storage reduces tensors where they lie in the caller's storage", "[comm][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  using FA = FusedAllreducer<double, TestMem>;
+  // Flat tensors of 3, 4 and 5 elements around a symmetric 3 x 3 one (6 packed elements).
+  FA fused(eng, {{"a", 3, false}, {"S", 3, true}, {"b", 4, false}, {"c", 5, false}}, FA::sum());
+  FA::Buffer storage("storage", 3 + 6 + 4 + 5);
+  REQUIRE_THROWS_WITH(fused.use_storage(FA::Buffer("short", 17)),
+                      Catch::Contains("use_storage") && Catch::Contains("must hold the 18 elements of the 4 tensors") &&
+                          Catch::Contains("rank " + std::to_string(world.rank())));
+  fused.use_storage(storage);
+  const double r1 = world.rank() + 1, tri = world.size() * (world.size() + 1) / 2.0;
+  // Two groups, then one: the slots must follow the groups' offsets either way. a and c live in
+  // their slots; b is a view of its own, copied in and out.
+  for (const FusionPlan& plan : {FusionPlan{{2, 4}}, FusionPlan{{4}}}) {
+    fused.set_plan(plan);
+    const auto slot = [&](int i, std::size_t n) {
+      return FA::Vector(fused.slot_data(i), n);  // unmanaged: the storage's own elements
+    };
+    const FA::Vector a = slot(0, 3), c = slot(3, 5);
+    FA::Vector b("b", 4);
+    REQUIRE(a.data() == storage.data());
+    REQUIRE(c.data() == storage.data() + 13);
+    const auto S = kdist_test::device_matrix<double>("S", 3, 3, [&](int i, int j) { return r1 * (1 + i + j); });
+    kdist_test::fill(a, [&](std::size_t k) { return r1 * (k + 1); });
+    kdist_test::fill(b, [&](std::size_t k) { return r1 * (k + 10); });
+    kdist_test::fill(c, [&](std::size_t k) { return r1 * (k + 20); });
+    fused.begin();
+    fused.ready(TestExec(), 0, a);
+    fused.ready(TestExec(), 1, S);
+    fused.ready(TestExec(), 2, b);
+    fused.ready(TestExec(), 3, c);
+    fused.wait(TestExec());
+    TestExec().fence();
+    INFO("plan of " << plan.groups() << " group(s)");
+    const auto ha = to_host(a), hb = to_host(b), hc = to_host(c), hs = to_host(storage);
+    const auto hS = to_host(S);
+    bool ok = true;
+    for (std::size_t k = 0; k < 3; ++k) ok = ok && ha(k) == tri * (k + 1);
+    for (std::size_t k = 0; k < 4; ++k) ok = ok && hb(k) == tri * (k + 10) && hs(9 + k) == hb(k);
+    for (std::size_t k = 0; k < 5; ++k) ok = ok && hc(k) == tri * (k + 20);
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) ok = ok && hS(i, j) == tri * (1 + i + j);
+    CHECK(ok);
+  }
+}

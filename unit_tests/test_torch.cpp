@@ -306,6 +306,44 @@ TEST_CASE("torch: the averaging reducer leaves every gradient the mean over the 
   }
 }
 
+// After the first allreduce() the gradients lie in one bucket, the fusion buffer: backward adds
+// into it, zero_grad keeps it, and a gradient set to none is reduced and put back there.
+TEST_CASE("torch: the averaging reducer keeps the gradients in one bucket and reduces them there", "[torch]") {
+  auto model = std::make_shared<TwoLayers>();
+  kdist::comm::Engine engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
+  kdist::torch::GradientReducer reducer(*model, engine);
+  ::torch::optim::SGD sgd(model->parameters(), ::torch::optim::SGDOptions(0.1));
+  const auto params = model->parameters();
+  const float* bucket = nullptr;
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    if (step == 2)
+      model->zero_grad(/*set_to_none=*/true);
+    else
+      sgd.zero_grad();
+    ::torch::nn::functional::cross_entropy(model->forward(nullptr, batch(step, world_rank())),
+                                           labels(step, world_rank()))
+        .backward();
+    std::vector<std::vector<float>> want;  // each gradient's mean, through MPI from a copy
+    for (const auto& p : params) {
+      want.push_back(values(p.grad()));
+      auto& v = want.back();
+      MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (float& x : v) x /= static_cast<float>(world_size());
+    }
+    reducer.allreduce();
+    if (step == 0) bucket = params[0].grad().data_ptr<float>();
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      CHECK(params[i].grad().data_ptr<float>() == bucket + offset);
+      CHECK(params[i].grad().sizes() == params[i].sizes());
+      CHECK(max_relative(values(params[i].grad()), want[i]) <= 1e-6);
+      offset += params[i].numel();
+    }
+    sgd.step();
+  }
+}
+
 // torch::load gives every parameter new storage (Tensor::set_): Adasum's delta step must move the
 // parameters the model now has, not the storage they had when the reducer was built.
 TEST_CASE("torch: the Adasum reducer follows parameters that torch::load re-homed", "[torch]") {
