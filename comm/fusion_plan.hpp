@@ -49,9 +49,13 @@ double plan_finish_time(const std::vector<FusionTensor>& t, const FusionPlan& pl
 /// max(R_N + C(m_N), R_1 + C(sum m)): no plan finishes earlier.
 double finish_time_lower_bound(const std::vector<FusionTensor>& t, const CostFunction& cost);
 
+/// Horovod's default fusion threshold (HOROVOD_FUSION_THRESHOLD): the largest group of the
+/// threshold planner unless told otherwise.
+constexpr std::size_t kDefaultFusionBytes = std::size_t(64) << 20;
+
 struct PlannerOptions {
   Planner planner = Planner::optimal;
-  std::size_t threshold_bytes = 64u << 20;
+  std::size_t threshold_bytes = kDefaultFusionBytes;
   double mgwfbp_alpha = 0.0;  ///< 0: take alpha from the cost function, C(0)
 };
 /// Collective, through `engine` (ordered and checked like any operation): ready times are max-reduced over the ranks,

@@ -56,7 +56,7 @@ struct Options {
   /// Factor steps whose measured ready times feed the first fusion plan (planned once, after
   /// them; Preconditioner::replan() asks for another). 0: plan at the first step.
   int profile_steps = 3;
-  std::size_t threshold_bytes = 64u << 20;  ///< the threshold planner's group size
+  std::size_t threshold_bytes = comm::kDefaultFusionBytes;  ///< the threshold planner's group size
   /// Calibration file from kdist_calibrate (allreduce, broadcast and spd_inverse entries); empty:
   /// the stated defaults of CostModelStore.
   std::string cost_models;

@@ -26,7 +26,7 @@ GradientReducer::GradientReducer(::torch::nn::Module& model, comm::Engine& engin
     // Every gradient is ready once backward returns, so nothing is gained by sending early:
     // groups of up to 64 MiB, Horovod's default fusion threshold.
     fused_ = std::make_unique<comm::FusedAllreducer<float, Mem>>(engine_, tensors);
-    fused_->set_plan(comm::plan_threshold(sizes, kFusionBytes));
+    fused_->set_plan(comm::plan_threshold(sizes, comm::kDefaultFusionBytes));
   } else {
     adasum_ = std::make_unique<adasum::DeltaOptimizer<float, Mem>>(engine_, parameter_views(), nullptr, names_);
   }

@@ -57,8 +57,6 @@ class GradientReducer {
   std::size_t parameters() const noexcept { return params_.size(); }
 
  private:
-  static constexpr std::size_t kFusionBytes = std::size_t(64) << 20;
-
   [[noreturn]] void refuse(const std::string& message);
   std::vector<Kokkos::View<float*, Mem>> gradients(const char* operation);
   std::vector<Kokkos::View<float*, Mem>> parameter_views() const;

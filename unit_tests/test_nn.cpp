@@ -154,6 +154,63 @@ TEST_CASE("nn::Dense: forward is x W^T + b, gradients match central differences"
   }
 }
 
+// A layer whose gradients moved into the caller's storage computes the same gradients there, and
+// nothing outside it: a twin layer keeps its own, sentinels border the storage.
+TEST_CASE("nn: use_gradient_storage moves dW and db into the caller's storage", "[nn]") {
+  TestExec exec;
+  const int B = 2;
+  const auto run = [&](auto& layer, auto& twin, const auto& x, const auto& y, const auto& dy) {
+    const std::size_t n = layer.parameter_count();
+    REQUIRE(n == layer.weight().size() + layer.bias().size());
+    const Values w = random_values(layer.weight().size(), 11), b = random_values(layer.bias().size(), 12);
+    for (auto* l : {&layer, &twin}) {
+      upload(l->weight(), w);
+      if (b.size()) upload(l->bias(), b);
+    }
+    // A first backward on the own storage: its gradients must be carried over.
+    layer.forward(exec, x, y);
+    layer.backward(exec, dy);
+    const Values before = download(layer.weight_gradient());
+    nn::Tensor1<double, TestMem> border("border", n + 2);
+    Kokkos::deep_copy(border, 7.0);
+    const nn::Tensor1<double, TestMem> storage(border.data() + 1, n);
+    REQUIRE_THROWS_WITH(layer.use_gradient_storage(exec, nn::Tensor1<double, TestMem>(border.data(), n + 1)),
+                        Catch::Contains("use_gradient_storage") && Catch::Contains(layer.describe()));
+    layer.use_gradient_storage(exec, storage);
+    CHECK(layer.weight_gradient().data() == storage.data());
+    CHECK(layer.parameters().front().gradient.data() == storage.data());
+    CHECK(download(layer.weight_gradient()) == before);
+    // New inputs: the gradients land in the storage, equal to the twin's bit for bit.
+    upload(x, random_values(x.size(), 13));
+    upload(dy, random_values(dy.size(), 14));
+    for (auto* l : {&layer, &twin}) {
+      l->forward(exec, x, y);
+      l->backward(exec, dy);
+    }
+    CHECK(download(layer.weight_gradient()) == download(twin.weight_gradient()));
+    CHECK(download(layer.bias_gradient()) == download(twin.bias_gradient()));
+    const Values all = download(border);
+    Values want{7.0};
+    for (const double v : download(twin.weight_gradient())) want.push_back(v);
+    for (const double v : download(twin.bias_gradient())) want.push_back(v);
+    want.push_back(7.0);
+    CHECK(all == want);
+  };
+  for (bool bias : {true, false}) {
+    INFO((bias ? "with" : "without") << " bias");
+    nn::Dense<double, TestMem> dense(4, 3, bias), dense_twin(4, 3, bias);
+    T2 x("x", B, 4), y("y", B, 3), dy("dy", B, 3);
+    upload(x, random_values(x.size(), 15));
+    upload(dy, random_values(dy.size(), 16));
+    run(dense, dense_twin, x, y, dy);
+    nn::Conv2d<double, TestMem> conv(2, 3, 3, 3, 1, 1, bias), conv_twin(2, 3, 3, 3, 1, 1, bias);
+    T4 cx("cx", B, 2, 4, 4), cy("cy", B, 3, 4, 4), cdy("cdy", B, 3, 4, 4);
+    upload(cx, random_values(cx.size(), 17));
+    upload(cdy, random_values(cdy.size(), 18));
+    run(conv, conv_twin, cx, cy, cdy);
+  }
+}
+
 TEST_CASE("nn::Conv2d: stride 2, padding 1, a 3x2 kernel: forward and gradients", "[nn]") {
   const int B = 2, C = 2, H = 5, W = 6, O = 3, KH = 3, KW = 2, S = 2, P = 1;
   const int OH = (H + 2 * P - KH) / S + 1, OW = (W + 2 * P - KW) / S + 1;  // 3 x 4

@@ -9,10 +9,11 @@
 //        gradient is 0 in both orders), and outputs and gradients are equal bit for bit.
 // The layer widths are written here once; every other size (inputs(), classes(), the tensors
 // between layers) follows from them and the image shape. forward() takes a batch of normalised
-// images (B x inputs()) and returns the logits (B x classes()); backward() takes the loss
-// gradient. attach() hands every weight layer its K-FAC index, so the layers call the
-// preconditioner's hooks themselves. Intermediate tensors are reallocated only when the batch
-// size changes (the last, partial batch of an epoch).
+// images (B x inputs()) and returns the logits (B x classes()); backward() takes the loss gradient.
+// attach() hands every weight layer its K-FAC index, so the layers call the preconditioner's hooks
+// themselves. The layers' gradients live in one block, in parameters() order (gradient_storage()),
+// which the gradient all-reduce reduces in place. Intermediate tensors are reallocated only when
+// the batch size changes (the last, partial batch of an epoch).
 #pragma once
 
 #include <kdist/core/error.hpp>
@@ -64,6 +65,7 @@ class Model {
     for (auto& d : dense_) nn::he_normal(exec, d.weight(), d.inputs(), s++);
     relu_.resize(conv_.size() + dense_.size() - 1);
     pool_.assign(conv_.size(), nn::MaxPool2d<T, Mem>(2));
+    gather_gradients(exec);
   }
 
   int inputs() const { return rows_ * cols_; }
@@ -75,6 +77,10 @@ class Model {
     for (const auto& d : dense_) l.push_back(d.kfac_layer());
     return l;
   }
+  /// Every layer's gradients, consecutive in parameters() order: one block, which the gradient
+  /// all-reduce reduces where backward wrote it (comm::FusedAllreducer::use_storage).
+  const nn::Tensor1<T, Mem>& gradient_storage() const noexcept { return gradients_; }
+
   void attach(kfac::Preconditioner<T, Mem>* kfac) {
     int i = 0;
     for (auto& c : conv_) c.attach(kfac, i++);
@@ -133,6 +139,21 @@ class Model {
  private:
   static void append(std::vector<nn::Parameter<T, Mem>>& to, const std::vector<nn::Parameter<T, Mem>>& from) {
     to.insert(to.end(), from.begin(), from.end());
+  }
+
+  /// Moves every layer's gradients into gradients_, in parameters() order.
+  void gather_gradients(const execution_space& exec) {
+    std::size_t total = 0;
+    for (const auto& c : conv_) total += c.parameter_count();
+    for (const auto& d : dense_) total += d.parameter_count();
+    gradients_ = nn::Tensor1<T, Mem>("fmnist::gradients", total);
+    std::size_t at = 0;
+    const auto move = [&](auto& layer) {
+      layer.use_gradient_storage(exec, nn::Tensor1<T, Mem>(gradients_.data() + at, layer.parameter_count()));
+      at += layer.parameter_count();
+    };
+    for (auto& c : conv_) move(c);
+    for (auto& d : dense_) move(d);
   }
 
   void allocate(int B) {
@@ -198,6 +219,7 @@ class Model {
   std::vector<Stage> stages_;
   std::vector<nn::Conv2d<T, Mem>> conv_;
   std::vector<nn::Dense<T, Mem>> dense_;
+  nn::Tensor1<T, Mem> gradients_;  // every layer's dW and db (gather_gradients)
   std::vector<nn::ReLU<T, Mem>> relu_;
   std::vector<nn::MaxPool2d<T, Mem>> pool_;
   nn::Flatten<T, Mem> flatten_;

@@ -10,10 +10,11 @@
 //   Affine<T, Mem>: weight W (outputs x inputs, LayoutRight), bias b (outputs, empty without a
 //     bias), their gradients dW, db in the same shapes: gradient() is the
 //     kfac::Preconditioner<T, Mem>::Gradient of the layer, parameters() the (value, gradient)
-//     pairs for nn::SGD. attach(kfac, index) makes the layer call kfac->on_forward(exec, index, x)
-//     first in forward (Conv2d: kfac->on_forward(exec, index, geometry, patches) once its patches
-//     are formed) and kfac->on_backward(exec, index, dy) first in backward; attach(nullptr, -1)
-//     detaches. The parameters start at zero (nn/init.hpp initialises them).
+//     pairs for nn::SGD; use_gradient_storage(exec, storage) moves dW and db into memory of the
+//     caller's (one block for a fused all-reduce). attach(kfac, index) makes the layer call kfac->on_forward(exec,
+//     index, x) first in forward (Conv2d: kfac->on_forward(exec, index, geometry, patches) once its patches are formed)
+//     and kfac->on_backward(exec, index, dy) first in backward; attach(nullptr, -1) detaches. The parameters start at
+//     zero (nn/init.hpp initialises them).
 // Every kernel runs on the caller's instance; gemm goes through kdist::gemm.
 #pragma once
 
@@ -102,6 +103,24 @@ class Affine {
     std::vector<Parameter<T, Mem>> p{{layer_.describe() + ".weight", flat(func, W_), flat(func, dW_)}};
     if (layer_.bias()) p.push_back({layer_.describe() + ".bias", b_, db_});
     return p;
+  }
+  /// Elements of parameters(): the weights, plus the biases.
+  std::size_t parameter_count() const noexcept { return W_.size() + b_.size(); }
+  /// From now on dW and db live in `storage`, dW's entries then db's (the order of parameters()),
+  /// memory the caller owns and keeps alive: e.g. one block for all layers that a fused
+  /// all-reduce reduces in place (comm::FusedAllreducer::use_storage). The gradients' values are
+  /// copied over; views taken before (gradient(), parameters()) keep the old storage. A storage of
+  /// another size than parameter_count() is an InvalidArgument, and nothing changes.
+  void use_gradient_storage(const execution_space& exec, const Tensor1<T, Mem>& storage) {
+    impl::require_extents("kdist::nn::use_gradient_storage", storage, {parameter_count()},
+                          "(weights + biases) for " + describe());
+    const Tensor2<T, Mem> dW(storage.data(), dW_.extent(0), dW_.extent(1));
+    Kokkos::deep_copy(exec, dW, dW_);
+    dW_ = dW;
+    if (!layer_.bias()) return;
+    const Tensor1<T, Mem> db(storage.data() + dW_.size(), db_.extent(0));
+    Kokkos::deep_copy(exec, db, db_);
+    db_ = db;
   }
   /// From now on forward and backward call kfac's hooks for layer `index` first (nullptr: stop).
   void attach(Preconditioner* kfac, int index) noexcept {

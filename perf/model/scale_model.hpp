@@ -69,7 +69,7 @@ struct CommModels {
 struct Scenario {
   int ranks = 2;
   kdist::kfac::Resolved switches;
-  std::size_t threshold_bytes = 64u << 20;                             ///< the threshold planner's group size
+  std::size_t threshold_bytes = kdist::comm::kDefaultFusionBytes;      ///< the threshold planner's group size
   kdist::comm::Planner gradient_planner = kdist::comm::Planner::none;  ///< fusion of the gradient all-reduce
   bool split_preconditioning = true;
 };
