@@ -11,10 +11,11 @@
 //     bias), their gradients dW, db in the same shapes: gradient() is the
 //     kfac::Preconditioner<T, Mem>::Gradient of the layer, parameters() the (value, gradient)
 //     pairs for nn::SGD; use_gradient_storage(exec, storage) moves dW and db into memory of the
-//     caller's (one block for a fused all-reduce). attach(kfac, index) makes the layer call kfac->on_forward(exec,
-//     index, x) first in forward (Conv2d: kfac->on_forward(exec, index, geometry, patches) once its patches are formed)
-//     and kfac->on_backward(exec, index, dy) first in backward; attach(nullptr, -1) detaches. The parameters start at
-//     zero (nn/init.hpp initialises them).
+//     caller's (one block for a fused all-reduce). attach(kfac, index) makes the layer call
+//     kfac->on_forward(exec, index, x) first in forward (Conv2d: kfac->on_forward(exec, index,
+//     geometry, patches) once its patches are formed) and kfac->on_backward(exec, index, dy) first
+//     in backward; attach(nullptr, -1) detaches. The parameters start at zero (nn/init.hpp
+//     initialises them).
 // Every kernel runs on the caller's instance; gemm goes through kdist::gemm.
 #pragma once
 
