@@ -80,6 +80,9 @@ class FusedAllreducer {
   /// non-empty group. InvalidArgument otherwise, naming the plan; the previous plan stays.
   void set_plan(FusionPlan plan) {
     check_plan(plan);
+    // Groups of an iteration left without wait() may still be in flight on buffers the new
+    // groups reuse (the caller's storage): they finish first, their outcome unread.
+    (void)settle_groups();
     plan_ = std::move(plan);
     groups_.assign(static_cast<std::size_t>(plan_.groups()), Group{});
     int begin = 0;
@@ -107,13 +110,18 @@ class FusedAllreducer {
                                  "storage " + kdist::impl::describe(storage) + " must hold the " +
                                      std::to_string(total) + " elements of the " + std::to_string(tensors_.size()) +
                                      " tensors (rank " + std::to_string(engine_.rank()) + ")");
-    (void)settle_groups();
     storage_ = storage;
-    set_plan(plan_);
+    set_plan(plan_);  // waits for groups in flight
   }
   /// Where tensor i's elements lie in the fusion buffers (its slot): a flat tensor whose view
-  /// starts here is not copied by ready() or wait().
-  T* slot_data(int i) { return slot(i).data(); }
+  /// starts here is not copied by ready() or wait(). InvalidArgument for i out of range.
+  T* slot_data(int i) {
+    if (i < 0 || i >= static_cast<int>(tensors_.size()))
+      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::slot_data",
+                                 "tensor " + std::to_string(i) + " of " + std::to_string(tensors_.size()) + " (rank " +
+                                     std::to_string(engine_.rank()) + ")");
+    return slot(i).data();
+  }
 
   /// Starts an iteration (ready times are measured from here).
   void begin() {
@@ -211,12 +219,14 @@ class FusedAllreducer {
       if (tensors_[static_cast<std::size_t>(i)].symmetric)
         gr.layout.symmetric.push_back(static_cast<std::size_t>(i - begin));
     }
-    if (storage_.data())  // a piece of the caller's storage (unmanaged)
-      gr.buffer = Buffer(storage_.data() + offset_of(begin), gr.layout.bounds.back());
-    else
+    if (storage_.data()) {  // a piece of the caller's storage, sharing its reference count
+      const std::size_t off = offset_of(begin);
+      gr.buffer = Kokkos::subview(storage_, std::make_pair(off, off + gr.layout.bounds.back()));
+    } else {
       gr.buffer = Buffer(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::comm::fusion_buffer[" + std::to_string(g) + "]"),
           gr.layout.bounds.back());
+    }
     gr.label = "fused[" + tensors_[static_cast<std::size_t>(begin)].label + ".." +
                tensors_[static_cast<std::size_t>(end - 1)].label + "]";
     return gr;

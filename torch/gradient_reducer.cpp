@@ -60,41 +60,40 @@ std::vector<Kokkos::View<float*, GradientReducer::Mem>> GradientReducer::gradien
 void GradientReducer::allreduce() {
   if (!fused_) refuse("kdist::torch::GradientReducer::allreduce: this reducer combines by Adasum: call step()");
   const auto grads = gradients("allreduce");
+  if (!bucket_.defined()) make_bucket();
   Exec exec;
   fused_->begin();
   for (std::size_t i = 0; i < grads.size(); ++i) fused_->ready(exec, static_cast<int>(i), grads[i]);
   fused_->wait(exec);
-  attach_gradients(exec);
+  attach_gradients();
 }
 
 // The gradients as pieces of one bucket that is also the fusion buffer (PyTorch DDP's
-// gradient_as_bucket_view): backward accumulates into it in place (Optimizer::zero_grad zeroes a
-// gradient without replacing it), so the next allreduce() reduces it where it lies, no copy in or
-// out. Each gradient shares the bucket's storage rather than being a view of it, because
-// zero_grad detaches gradients in place, which torch refuses on a view. The storage is torch's, so
-// a gradient outlives the reducer safely. A gradient replaced since (zero_grad(true), an
-// assignment) is copied in and out as before and then attached again; one on another device is
-// left alone.
-void GradientReducer::attach_gradients(const Exec& exec) {
-  const bool fresh = !bucket_.defined();
-  if (fresh) {
-    std::int64_t total = 0;
-    for (const auto& p : params_) total += p.numel();
-    bucket_ = ::torch::zeros({total}, params_.front().grad().options());
-    fused_->use_storage(FusedBuffer(bucket_.data_ptr<float>(), static_cast<std::size_t>(total)));
-    exec.fence();  // the results scattered into the gradients, which the copies below read
-  }
+// gradient_as_bucket_view): backward accumulates into it in place (LibTorch 1.13's
+// Optimizer::zero_grad zeroes a gradient without replacing it), so allreduce() reduces it where it
+// lies, no copy in or out. The bucket is torch's storage, so a gradient outlives the reducer.
+void GradientReducer::make_bucket() {
+  std::int64_t total = 0;
+  for (const auto& p : params_) total += p.numel();
+  bucket_ = ::torch::zeros({total}, params_.front().grad().options());
+  fused_->use_storage(FusedBuffer(bucket_.data_ptr<float>(), static_cast<std::size_t>(total)));
+}
+
+// A gradient not in its slot (the first step, or one replaced since: zero_grad(true), an
+// assignment) was copied in and its result out; from now on it is the slot itself, which holds
+// the same result. Each shares the bucket's storage rather than being a view of it, because
+// zero_grad detaches gradients in place, which torch refuses on a view. One on another GPU than
+// the bucket's stays where it is.
+void GradientReducer::attach_gradients() {
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor grad = params_[i].grad();
-    const std::int64_t n = grad.numel();
     if (grad.data_ptr() != fused_->slot_data(static_cast<int>(i)) && grad.device() == bucket_.device()) {
       at::Tensor g = ::torch::empty({0}, bucket_.options());
       g.set_(bucket_.storage(), offset, grad.sizes());
-      if (fresh) g.copy_(grad);  // later, the reduction already ran in the bucket
       params_[i].mutable_grad() = g;
     }
-    offset += n;
+    offset += grad.numel();
   }
 }
 

@@ -16,12 +16,12 @@
 // a tensor on the storage of one bucket, the fusion buffer itself (PyTorch DDP's
 // gradient_as_bucket_view), so from the second step on, backward accumulates into the bucket and
 // the gradients are reduced where they lie, with no copy in or out; a .grad() replaced meanwhile
-// (zero_grad(true), an assignment) is copied, reduced and attached again. Errors (a parameter
-// without a gradient, another dtype or device) are an InvalidArgument naming the parameter and the
-// rank; the Engine fails so the other ranks raise comm::RemoteError with it at their next wait on
-// it. With a KFAC on another Engine, fail that one too in your catch block (docs/torch.md), or
-// peers waiting on it hang. The parameters' storage is read at every step: torch::load or
-// Module::to after construction is followed.
+// (zero_grad(true), LibTorch 2's default, or an assignment) is copied, reduced and attached again.
+// Errors (a parameter without a gradient, another dtype or device) are an InvalidArgument naming
+// the parameter and the rank; the Engine fails so the other ranks raise comm::RemoteError with it
+// at their next wait on it. With a KFAC on another Engine, fail that one too in your catch block
+// (docs/torch.md), or peers waiting on it hang. The parameters' storage is read at every step:
+// torch::load or Module::to after construction is followed.
 #pragma once
 
 #include <kdist/adasum/delta_optimizer.hpp>
@@ -61,15 +61,18 @@ class GradientReducer {
   std::vector<Kokkos::View<float*, Mem>> gradients(const char* operation);
   std::vector<Kokkos::View<float*, Mem>> parameter_views() const;
   using FusedBuffer = typename comm::FusedAllreducer<float, Mem>::Buffer;
-  void attach_gradients(const Kokkos::DefaultExecutionSpace& exec);
+  void make_bucket();
+  void attach_gradients();
 
   comm::Engine& engine_;
   Reduce reduce_;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
+  // Reduce::average: every gradient's storage from the first allreduce() on, and the fusion
+  // buffer (declared before fused_, so it outlives it).
+  at::Tensor bucket_;
   std::unique_ptr<comm::FusedAllreducer<float, Mem>> fused_;
   std::unique_ptr<adasum::DeltaOptimizer<float, Mem>> adasum_;
-  at::Tensor bucket_;  // Reduce::average: every gradient's storage after the first allreduce()
 };
 
 }  // namespace torch

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 
+#include "deep_copies.hpp"
 #include "test_space.hpp"
 
 using namespace kdist::comm;
@@ -231,6 +232,7 @@ TEST_CASE("FusedAllreducer::use_storage reduces tensors where they lie in the ca
     kdist_test::fill(a, [&](std::size_t k) { return r1 * (k + 1); });
     kdist_test::fill(b, [&](std::size_t k) { return r1 * (k + 10); });
     kdist_test::fill(c, [&](std::size_t k) { return r1 * (k + 20); });
+    kdist_test::DeepCopiesTouching copies(storage.data(), storage.size() * sizeof(double));
     fused.begin();
     fused.ready(TestExec(), 0, a);
     fused.ready(TestExec(), 1, S);
@@ -239,6 +241,7 @@ TEST_CASE("FusedAllreducer::use_storage reduces tensors where they lie in the ca
     fused.wait(TestExec());
     TestExec().fence();
     INFO("plan of " << plan.groups() << " group(s)");
+    CHECK(copies.count() == 2);  // b in and out; a and c reduced where they lie, S packed by a kernel
     const auto ha = to_host(a), hb = to_host(b), hc = to_host(c), hs = to_host(storage);
     const auto hS = to_host(S);
     bool ok = true;

@@ -174,8 +174,10 @@ TEST_CASE("nn: use_gradient_storage moves dW and db into the caller's storage", 
     nn::Tensor1<double, TestMem> border("border", n + 2);
     Kokkos::deep_copy(border, 7.0);
     const nn::Tensor1<double, TestMem> storage(border.data() + 1, n);
+    const double* own = layer.weight_gradient().data();
     REQUIRE_THROWS_WITH(layer.use_gradient_storage(exec, nn::Tensor1<double, TestMem>(border.data(), n + 1)),
                         Catch::Contains("use_gradient_storage") && Catch::Contains(layer.describe()));
+    CHECK(layer.weight_gradient().data() == own);  // refused: nothing changed
     layer.use_gradient_storage(exec, storage);
     CHECK(layer.weight_gradient().data() == storage.data());
     CHECK(layer.parameters().front().gradient.data() == storage.data());

@@ -14,6 +14,7 @@
 #include <kdist/torch/tensor_view.hpp>
 #include <vector>
 
+#include "deep_copies.hpp"
 #include "same_on_every_rank.hpp"
 #include "test_space.hpp"
 
@@ -331,8 +332,15 @@ TEST_CASE("torch: the averaging reducer keeps the gradients in one bucket and re
       MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       for (float& x : v) x /= static_cast<float>(world_size());
     }
+    std::int64_t elements = 0;
+    for (const auto& p : params) elements += p.numel();
+    const void* at = step == 0 ? nullptr : bucket;  // the bucket exists from the first allreduce()
+    kdist_test::DeepCopiesTouching copies(at, at ? static_cast<std::size_t>(elements) * sizeof(float) : 0);
     reducer.allreduce();
     if (step == 0) bucket = params[0].grad().data_ptr<float>();
+    // Steps 1 and 3 add into the bucket (zero_grad in place): nothing is copied in or out. Step 2
+    // starts from gradients set to none: each is copied in and its result out, then put back.
+    if (step > 0) CHECK(copies.count() == (step == 2 ? 2 * static_cast<int>(params.size()) : 0));
     std::int64_t offset = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
       CHECK(params[i].grad().data_ptr<float>() == bucket + offset);

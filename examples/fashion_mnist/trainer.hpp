@@ -138,6 +138,10 @@ class Trainer {
       // The model keeps its gradients in one block in parameters() order: the fusion buffer
       // itself, so they are reduced where backward wrote them, with no copy in or out.
       fused_->use_storage(model_.gradient_storage());
+      for (std::size_t i = 0; i < gradient_views_.size(); ++i)
+        if (gradient_views_[i].data() != fused_->slot_data(static_cast<int>(i)))
+          throw kdist::Error("fmnist::Trainer: gradient " + tensors[i].label +
+                             " is not in its slot of the model's gradient storage (parameters() order)");
     }
   }
   virtual ~Trainer() = default;

@@ -116,12 +116,12 @@ class Affine {
     impl::require_extents("kdist::nn::use_gradient_storage", storage, {parameter_count()},
                           "(weights + biases) for " + describe());
     const Tensor2<T, Mem> dW(storage.data(), dW_.extent(0), dW_.extent(1));
+    const Tensor1<T, Mem> db(storage.data() + dW.size(), db_.extent(0));
     Kokkos::deep_copy(exec, dW, dW_);
+    if (layer_.bias()) Kokkos::deep_copy(exec, db, db_);
+    exec.fence();  // the copies read the old gradients, released here
     dW_ = dW;
-    if (!layer_.bias()) return;
-    const Tensor1<T, Mem> db(storage.data() + dW_.size(), db_.extent(0));
-    Kokkos::deep_copy(exec, db, db_);
-    db_ = db;
+    if (layer_.bias()) db_ = db;
   }
   /// From now on forward and backward call kfac's hooks for layer `index` first (nullptr: stop).
   void attach(Preconditioner* kfac, int index) noexcept {
