@@ -102,24 +102,25 @@ class FusedAllreducer {
   /// From now on the groups' buffers are consecutive pieces of `storage`, which holds every
   /// tensor's elements in order (its size their total) and which the caller keeps alive and does
   /// not touch between a tensor's ready() and wait(); kept across set_plan. Waits for groups still
-  /// in flight first. InvalidArgument on a size that is not the total.
+  /// in flight first. A size that is not the total fails the Engine (the peers learn it at their
+  /// next wait) and throws InvalidArgument here.
   void use_storage(const Buffer& storage) {
     const std::size_t total = offset_of(static_cast<int>(tensors_.size()));
     if (storage.extent(0) != total)
-      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::use_storage",
-                                 "storage " + kdist::impl::describe(storage) + " must hold the " +
-                                     std::to_string(total) + " elements of the " + std::to_string(tensors_.size()) +
-                                     " tensors (rank " + std::to_string(engine_.rank()) + ")");
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::use_storage: storage " +
+                                       kdist::impl::describe(storage) + " must hold the " + std::to_string(total) +
+                                       " elements of the " + std::to_string(tensors_.size()) + " tensors (rank " +
+                                       std::to_string(engine_.rank()) + ")"));
     storage_ = storage;
     set_plan(plan_);  // waits for groups in flight
   }
   /// Where tensor i's elements lie in the fusion buffers (its slot): a flat tensor whose view
-  /// starts here is not copied by ready() or wait(). InvalidArgument for i out of range.
+  /// starts here is not copied by ready() or wait(). An i out of range fails as use_storage does.
   T* slot_data(int i) {
     if (i < 0 || i >= static_cast<int>(tensors_.size()))
-      kdist::impl::throw_invalid("kdist::comm::FusedAllreducer::slot_data",
-                                 "tensor " + std::to_string(i) + " of " + std::to_string(tensors_.size()) + " (rank " +
-                                     std::to_string(engine_.rank()) + ")");
+      fail_here(kdist::InvalidArgument("kdist::comm::FusedAllreducer::slot_data: tensor " + std::to_string(i) + " of " +
+                                       std::to_string(tensors_.size()) + " (rank " + std::to_string(engine_.rank()) +
+                                       ")"));
     return slot(i).data();
   }
 

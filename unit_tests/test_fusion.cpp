@@ -212,9 +212,6 @@ TEST_CASE("FusedAllreducer::use_storage reduces tensors where they lie in the ca
   // Flat tensors of 3, 4 and 5 elements around a symmetric 3 x 3 one (6 packed elements).
   FA fused(eng, {{"a", 3, false}, {"S", 3, true}, {"b", 4, false}, {"c", 5, false}}, FA::sum());
   FA::Buffer storage("storage", 3 + 6 + 4 + 5);
-  REQUIRE_THROWS_WITH(fused.use_storage(FA::Buffer("short", 17)),
-                      Catch::Contains("use_storage") && Catch::Contains("must hold the 18 elements of the 4 tensors") &&
-                          Catch::Contains("rank " + std::to_string(world.rank())));
   fused.use_storage(storage);
   const double r1 = world.rank() + 1, tri = world.size() * (world.size() + 1) / 2.0;
   // Two groups, then one: the slots must follow the groups' offsets either way. a and c live in
@@ -252,4 +249,35 @@ TEST_CASE("FusedAllreducer::use_storage reduces tensors where they lie in the ca
       for (int j = 0; j < 3; ++j) ok = ok && hS(i, j) == tri * (1 + i + j);
     CHECK(ok);
   }
+}
+
+// Storage of the wrong size on one rank fails the Engine: that rank gets its InvalidArgument, the
+// others a RemoteError with its reason at their wait, instead of waiting for a group that never
+// comes.
+TEST_CASE("FusedAllreducer::use_storage refused on one rank: an error on every rank, no hang", "[comm][fusion]") {
+  Communicator world(MPI_COMM_WORLD);
+  Engine eng(world);
+  using FA = FusedAllreducer<double, TestMem>;
+  FA fused(eng, {{"a", 3, false}, {"b", 4, false}}, FA::sum());
+  const int P = world.size(), me = world.rank();
+  const bool bad = me == P - 1;
+  FA::Buffer storage("storage", bad ? 6 : 7);  // the last rank's is one element short
+  FA::Vector a("a", 3), b("b", 4);
+  std::string got;
+  try {
+    fused.use_storage(storage);
+    fused.begin();
+    fused.ready(TestExec(), 0, a);
+    fused.ready(TestExec(), 1, b);
+    fused.wait(TestExec());
+  } catch (const RemoteError& e) {
+    got = std::string("remote: ") + e.what();
+  } catch (const kdist::InvalidArgument& e) {
+    got = std::string("own: ") + e.what();
+  }
+  INFO(got);
+  CHECK(got.rfind(bad ? "own: " : "remote: ", 0) == 0);
+  CHECK(got.find("use_storage") != std::string::npos);
+  CHECK(got.find("must hold the 7 elements of the 2 tensors (rank " + std::to_string(P - 1) + ")") !=
+        std::string::npos);
 }
