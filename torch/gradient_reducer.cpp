@@ -11,13 +11,11 @@ using Exec = Kokkos::DefaultExecutionSpace;
 GradientReducer::GradientReducer(::torch::nn::Module& model, comm::Engine& engine, Reduce reduce)
     : engine_(engine), reduce_(reduce) {
   std::vector<typename comm::FusedAllreducer<float, Mem>::Tensor> tensors;
-  std::vector<comm::FusionTensor> sizes;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     names_.push_back(item.key());
     params_.push_back(item.value());
     tensors.push_back({item.key(), static_cast<std::size_t>(item.value().numel()), false});
-    sizes.push_back({tensors.back().elements() * sizeof(float), 0.0});
   }
   if (params_.empty())
     kdist::impl::throw_invalid("kdist::torch::GradientReducer",
@@ -26,7 +24,7 @@ GradientReducer::GradientReducer(::torch::nn::Module& model, comm::Engine& engin
     // Every gradient is ready once backward returns, so nothing is gained by sending early:
     // groups of up to 64 MiB, Horovod's default fusion threshold.
     fused_ = std::make_unique<comm::FusedAllreducer<float, Mem>>(engine_, tensors);
-    fused_->set_plan(comm::plan_threshold(sizes, comm::kDefaultFusionBytes));
+    fused_->set_plan(comm::plan_threshold(fused_->measured(), comm::kDefaultFusionBytes));
   } else {
     adasum_ = std::make_unique<adasum::DeltaOptimizer<float, Mem>>(engine_, parameter_views(), nullptr, names_);
   }
@@ -85,15 +83,14 @@ void GradientReducer::make_bucket() {
 // zero_grad detaches gradients in place, which torch refuses on a view. One on another GPU than
 // the bucket's stays where it is.
 void GradientReducer::attach_gradients() {
-  std::int64_t offset = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor grad = params_[i].grad();
-    if (grad.data_ptr() != fused_->slot_data(static_cast<int>(i)) && grad.device() == bucket_.device()) {
+    const float* slot = fused_->slot_data(static_cast<int>(i));
+    if (grad.data_ptr() != slot && grad.device() == bucket_.device()) {
       at::Tensor g = ::torch::empty({0}, bucket_.options());
-      g.set_(bucket_.storage(), offset, grad.sizes());
+      g.set_(bucket_.storage(), slot - bucket_.data_ptr<float>(), grad.sizes());
       params_[i].mutable_grad() = g;
     }
-    offset += grad.numel();
   }
 }
 

@@ -121,11 +121,9 @@ class Trainer {
     }
     std::vector<Flat> params, grads;
     std::vector<typename comm::FusedAllreducer<T, Mem>::Tensor> tensors;
-    std::vector<comm::FusionTensor> sizes;
     for (const auto& p : model_.parameters()) {
       params.push_back(p.value);
       tensors.push_back({p.name, p.value.extent(0), false});
-      sizes.push_back({p.value.extent(0) * sizeof(T), 0.0});
       gradient_views_.push_back(Flat(const_cast<T*>(p.gradient.data()), p.gradient.extent(0)));
     }
     if (s.reduce == Reduce::adasum) {
@@ -134,7 +132,7 @@ class Trainer {
       fused_ = std::make_unique<comm::FusedAllreducer<T, Mem>>(grads_, tensors);
       // Every gradient is ready when backward returns, so nothing is gained by sending early:
       // groups of up to 64 MiB (Horovod's fusion threshold), one all-reduce for these models.
-      fused_->set_plan(comm::plan_threshold(sizes, comm::kDefaultFusionBytes));
+      fused_->set_plan(comm::plan_threshold(fused_->measured(), comm::kDefaultFusionBytes));
       // The model keeps its gradients in one block in parameters() order: the fusion buffer
       // itself, so they are reduced where backward wrote them, with no copy in or out.
       fused_->use_storage(model_.gradient_storage());
