@@ -68,7 +68,7 @@ struct Conv2dGeometry {
     const long long rows_ll = static_cast<long long>(batch) * out_h() * out_w();
     const long long input_ll = static_cast<long long>(batch) * channels * height * width;
     const long long patch_ll = static_cast<long long>(channels) * kernel_h * kernel_w;
-    // im2col_columns runs one work item per (patch column, image).
+    // The device im2col runs one team per (patch column, image).
     if (rows_ll > INT_MAX || input_ll > INT_MAX || patch_ll > INT_MAX || patch_ll * batch > INT_MAX)
       impl::throw_invalid(func, "index range exceeds int: " + describe() + context);
   }
@@ -94,16 +94,19 @@ void check_im2col(const char* func, const Conv2dGeometry& g, const NV& nchw, con
   require_disjoint(func, nchw, patches);
 }
 
-/// Calls f(b, c, h, w) for every index of a B x C x H x W box: one work item per (b, c, h) row, the
-/// inner loop along w. Index arithmetic is paid once per row; on Kokkos 3.4 Serial a rank-4
-/// MDRangePolicy's per-element tiling cost several times what these kernels compute.
+/// Calls f(b, c, h, w) for every index of a B x C x H x W box: one work item per (b, c) plane,
+/// its rows in turn, the inner loop along w. Index arithmetic is paid once per plane (one
+/// division; a work item per row paid three, which cost as much as a short row's work); on
+/// Kokkos 3.4 Serial a rank-4 MDRangePolicy's per-element tiling cost several times what these
+/// kernels compute.
 template <class F>
 struct NchwRows {
   F f;
   int C, H, W;
   KOKKOS_INLINE_FUNCTION void operator()(const int t) const {
-    const int h = t % H, c = (t / H) % C, b = t / (H * C);
-    for (int w = 0; w < W; ++w) f(b, c, h, w);
+    const int b = t / C, c = t - b * C;
+    for (int h = 0; h < H; ++h)
+      for (int w = 0; w < W; ++w) f(b, c, h, w);
   }
 };
 /// An element of a B x C x H x W box, and the one numbered e in NCHW order (w fastest).
@@ -150,6 +153,12 @@ inline int nchw_row_count(const char* name, int B, int C, int H) {
                             " rows (batch x channels x height) exceed int");
   return static_cast<int>(rows);
 }
+/// B * C, the planes of a host row kernel; checked as nchw_row_count (every row is still visited
+/// with an int index).
+inline int nchw_plane_count(const char* name, int B, int C, int H) {
+  nchw_row_count(name, B, C, H);
+  return B * C;
+}
 template <class ExecSpace, class F>
 void for_each_nchw_entry(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
   const std::int64_t n = static_cast<std::int64_t>(B) * C * H * W;
@@ -162,23 +171,39 @@ void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H,
   if constexpr (!runs_on_host<ExecSpace>())
     for_each_nchw_entry(name, exec, B, C, H, W, f);
   else
-    Kokkos::parallel_for(name,
-                         Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_row_count(name, B, C, H)),
-                         NchwRows<F>{f, C, H, W});
+    Kokkos::parallel_for(
+        name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_plane_count(name, B, C, H)),
+        NchwRows<F>{f, C, H, W});
 }
 
-/// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself).
+/// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself): a host
+/// space's work item takes a (b, c) plane's rows in turn (one division each, as NchwRows), a
+/// device's one row (threads enough for a GPU).
+template <class F>
+struct NchwPlaneRowItems {
+  F f;
+  int C, H;
+  KOKKOS_INLINE_FUNCTION void operator()(const int t) const {
+    const int b = t / C, c = t - b * C;
+    for (int h = 0; h < H; ++h) f(b, c, h);
+  }
+};
 template <class F>
 struct NchwRowItems {
   F f;
   int C, H;
-  KOKKOS_INLINE_FUNCTION void operator()(const int t) const { f(t / (H * C), (t / H) % C, t % H); }
+  KOKKOS_INLINE_FUNCTION void operator()(const int t) const {
+    const int bc = t / H, h = t - bc * H, b = bc / C;
+    f(b, bc - b * C, h);
+  }
 };
 template <class ExecSpace, class F>
 void for_rows_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, const F& f) {
-  Kokkos::parallel_for(name,
-                       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_row_count(name, B, C, H)),
-                       NchwRowItems<F>{f, C, H});
+  using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>;
+  if constexpr (runs_on_host<ExecSpace>())
+    Kokkos::parallel_for(name, Policy(exec, 0, nchw_plane_count(name, B, C, H)), NchwPlaneRowItems<F>{f, C, H});
+  else
+    Kokkos::parallel_for(name, Policy(exec, 0, nchw_row_count(name, B, C, H)), NchwRowItems<F>{f, C, H});
 }
 
 /// Row (b, c, h) of an NCHW view, indexed by w: a raw pointer when the view is LayoutRight (w
@@ -307,36 +332,70 @@ struct InsideColumns {
   }
 };
 
-/// im2col into a LayoutLeft patch matrix: column k is contiguous over the rows (b, i, j), so one
-/// work item per (column k, image b) copies, for each output row i, an input row segment along j
-/// (contiguous when the stride is 1) and the padding around it.
+/// Calls f(b, c, pad) once per (image b, channel c) plane on a host space, a team of one whose
+/// scratch `pad` holds (H + 2P) x (W + 2P) entries (unset). im2col and col2im keep a zero-padded
+/// copy of the plane there, so that a patch column's runs along j (as long as an output row) need
+/// no bounds test per entry or per run.
+template <class T, class ExecSpace, class F>
+void for_padded_planes(const char* func, const ExecSpace& exec, const Conv2dGeometry& g, const F& f) {
+  using Scratch = Kokkos::View<T*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Policy = Kokkos::TeamPolicy<ExecSpace>;
+  const std::size_t size = std::size_t(g.height + 2 * g.padding) * std::size_t(g.width + 2 * g.padding);
+  const int C = g.channels;
+  Policy policy(exec, g.batch * C, 1);
+  policy.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(size)));
+  Kokkos::parallel_for(
+      func, policy, KOKKOS_LAMBDA(const typename Policy::member_type& team) {
+        const int b = team.league_rank() / C;
+        f(b, team.league_rank() - b * C, Scratch(team.team_scratch(0), size).data());
+      });
+}
+
+/// n zeros from `at` on.
+template <class T>
+KOKKOS_INLINE_FUNCTION void zero_run(T* at, int n) {
+  for (int e = 0; e < n; ++e) at[e] = T(0);
+}
+/// to[j·stride] += from[j] for j < n: one run of a patch column summed into a padded row. `to` and
+/// `from` are pointers or nchw_row()'s row of another layout.
+template <class To, class From>
+KOKKOS_INLINE_FUNCTION void add_run(const To& to, int stride, const From& from, int n) {
+  if (stride == 1) {
+    for (int j = 0; j < n; ++j) to[j] += from[j];
+  } else {
+    for (int j = 0; j < n; ++j) to[j * stride] += from[j];
+  }
+}
+/// to[j] := from[j·stride] for j < n.
+template <class To, class From>
+KOKKOS_INLINE_FUNCTION void gather_run(const To& to, const From& from, int stride, int n) {
+  if (stride == 1) {
+    for (int j = 0; j < n; ++j) to[j] = from[j];
+  } else {
+    for (int j = 0; j < n; ++j) to[j] = from[j * stride];
+  }
+}
+
+/// im2col into a LayoutLeft patch matrix on a host space: column k is contiguous over the rows
+/// (b, i, j). One work item per (image b, channel c) copies the channel into its padded plane,
+/// then writes the channel's kh·kw columns, each as out_h runs of out_w entries read from the
+/// plane. Faster than per-column work items that clipped every run to the input (3.9 against
+/// 2.5 ms a step for the CNN's second convolution; docs/performance.md).
 template <class ExecSpace, class XView, class PView>
 void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
                     const PView& patches) {
   using T = typename PView::value_type;
-  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, B = g.batch;
-  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
-  Kokkos::parallel_for(
-      func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, g.patch() * B), KOKKOS_LAMBDA(const int t) {
-        const int b = t % B, k = t / B;
-        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
-        const InsideColumns inside(q, S, P, W, OW);
-        for (int i = 0, r0 = b * OH * OW; i < OH; ++i, r0 += OW) {
-          const int h = i * S - P + p;
-          const bool row_inside = h >= 0 && h < H;
-          const int begin = row_inside ? inside.begin : OW, end = row_inside ? inside.end : OW;
-          T* const column = &patches(r0, k);  // LayoutLeft: contiguous over the rows
-          for (int j = 0; j < begin; ++j) column[j] = T(0);
-          if (row_inside) {
-            const auto in = nchw_row(x, b, c, h);
-            if (S == 1) {
-              for (int j = begin; j < end; ++j) column[j] = T(in[j - P + q]);
-            } else {
-              for (int j = begin; j < end; ++j) column[j] = T(in[j * S - P + q]);
-            }
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding, PH = H + 2 * P, PW = W + 2 * P;
+  for_padded_planes<T>(
+      func, exec, g, KOKKOS_LAMBDA(const int b, const int c, T* const pad) {
+        zero_run(pad, PH * PW);
+        for (int h = 0; h < H; ++h) gather_run(pad + (h + P) * PW + P, nchw_row(x, b, c, h), 1, W);
+        for (int p = 0; p < KH; ++p)
+          for (int q = 0; q < KW; ++q) {
+            T* const column = &patches(b * OH * OW, (c * KH + p) * KW + q);  // LayoutLeft: contiguous
+            for (int i = 0; i < OH; ++i) gather_run(column + i * OW, pad + (i * S + p) * PW + q, S, OW);
           }
-          for (int j = end; j < OW; ++j) column[j] = T(0);
-        }
       });
 }
 
@@ -405,11 +464,12 @@ void im2col_column_teams(const ExecSpace& exec, const char* func, const Conv2dGe
       });
 }
 
-/// col2im from a LayoutLeft patch matrix: one work item per input row (b, c, h) sums, for each
-/// kernel row p that reads it (one division per p), the kernel columns' contiguous runs along j.
+/// col2im from a LayoutLeft patch matrix on a host space, row by row: each input row (b, c, h)
+/// sums, for each kernel row p that reads it (one division per p), the kernel columns' contiguous
+/// runs along j, clipped to the row; a row's kh·kw runs are read side by side.
 template <class ExecSpace, class PView, class XView>
-void col2im_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
-                    const XView& dx) {
+void col2im_row_runs(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                     const XView& dx) {
   using T = typename XView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, S = g.stride, P = g.padding;
   const int W = g.width;
@@ -432,6 +492,42 @@ void col2im_columns(const ExecSpace& exec, const char* func, const Conv2dGeometr
           }
         }
       });
+}
+
+/// col2im from a LayoutLeft patch matrix on a host space, a column at a time: one work item per
+/// (image b, channel c) adds each of the channel's kh·kw columns, out_h runs of out_w entries,
+/// into its zeroed padded plane, then copies the plane's interior to dx. Each element receives
+/// its entries in (p, q) order, as a gather would add them.
+template <class ExecSpace, class PView, class XView>
+void col2im_plane_runs(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                       const XView& dx) {
+  using T = typename XView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding, PH = H + 2 * P, PW = W + 2 * P;
+  for_padded_planes<T>(
+      func, exec, g, KOKKOS_LAMBDA(const int b, const int c, T* const pad) {
+        zero_run(pad, PH * PW);
+        for (int p = 0; p < KH; ++p)
+          for (int q = 0; q < KW; ++q) {
+            const auto* const column = &patches(b * OH * OW, (c * KH + p) * KW + q);  // LayoutLeft: contiguous
+            for (int i = 0; i < OH; ++i) add_run(pad + (i * S + p) * PW + q, S, column + i * OW, OW);
+          }
+        for (int h = 0; h < H; ++h) gather_run(nchw_row(dx, b, c, h), pad + (h + P) * PW + P, 1, W);
+      });
+}
+
+/// col2im from a LayoutLeft patch matrix on a host space. Measured on the 2-core VM (float,
+/// docs/performance.md): a column at a time (col2im_plane_runs) was 1.5x faster for 5 x 5 kernels
+/// (64 x 16x14x14: 2.9 against 4.5 ms), row by row with the kernel's columns side by side
+/// (col2im_row_runs) 1.1-1.6x faster for 3 x 3 ones (8 x 64x56x56: 4.4 against 7.3 ms): kh·kw
+/// streams read at once help until there are too many of them.
+template <class ExecSpace, class PView, class XView>
+void col2im_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
+                    const XView& dx) {
+  if (g.kernel_h * g.kernel_w >= 16)
+    col2im_plane_runs(exec, func, g, patches, dx);
+  else
+    col2im_row_runs(exec, func, g, patches, dx);
 }
 
 /// im2col into any other layout: one work item per (patch row r, channel c), the kh x kw block of
