@@ -230,8 +230,12 @@ class Conv2d : public impl::Affine<T, Mem> {
       kdist::gemm(exec, "T", "N", T(1), P, dY, T(first == 0 ? 0 : 1), weight_columns(this->dW_));
       if (dx.size() == 0) return;
       const auto dP = chunk(dpatches_, c.rows(), c.patch());
-      kdist::gemm(exec, "N", "T", T(1), dY, weight_columns(this->W_), T(0), dP);
+      patch_gradients(exec, dY, dP);
       kdist::impl::col2im_kernel(exec, func, c, dP, images(dx, first, c.batch));
+      if constexpr (on_host) {
+        Kokkos::deep_copy(exec, dP, T(0));
+        dpatches_zero_ = true;
+      }
     });
     if (this->db_.extent(0) > 0) impl::channel_sums(exec, dy, this->db_);
   }
@@ -259,8 +263,9 @@ class Conv2d : public impl::Affine<T, Mem> {
   static constexpr std::size_t chunk_bytes = std::size_t(512) << 10;
   using Range = std::pair<int, int>;
 
+  static constexpr bool on_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
   static int images_per_chunk(const Conv2dGeometry& g) {
-    if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return g.batch;  // GPUs: one launch
+    if (!on_host) return g.batch;  // GPUs: one launch
     const std::size_t image = std::size_t(g.out_h()) * std::size_t(g.out_w()) * std::size_t(g.patch()) * sizeof(T);
     return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(std::size_t(g.batch), chunk_bytes / image)));
   }
@@ -281,8 +286,23 @@ class Conv2d : public impl::Affine<T, Mem> {
   }
   void reserve_patch_gradients(const execution_space& exec, const Conv2dGeometry& g) {
     const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
-    if (dpatches_.size() < std::size_t(rows) * g.patch())
+    if (dpatches_.size() < std::size_t(rows) * g.patch()) {
+      dpatches_zero_ = false;
       impl::ensure(exec, dpatches_, "kdist::nn::Conv2d::patch_gradients", rows, g.patch());
+    }
+  }
+  /// dP := dY W. On the host into a scratch kept at zero between chunks, as dP += dY W: a BLAS
+  /// gemm with beta 0 first zeroes its output in a pass of its own (OpenBLAS' sgemm_beta, 7 % of
+  /// the CNN's step), slower than zeroing the chunk after col2im has read it, while it is in cache.
+  template <class DY, class DP>
+  void patch_gradients(const execution_space& exec, const DY& dY, const DP& dP) {
+    if constexpr (on_host) {
+      if (!dpatches_zero_) Kokkos::deep_copy(exec, dpatches_, T(0));
+      dpatches_zero_ = false;  // until the chunk is zeroed again
+      kdist::gemm(exec, "N", "T", T(1), dY, weight_columns(this->W_), T(1), dP);
+    } else {
+      kdist::gemm(exec, "N", "T", T(1), dY, weight_columns(this->W_), T(0), dP);
+    }
   }
   using ConstColumns = Kokkos::View<const T**, Kokkos::LayoutLeft, Mem, Unmanaged>;
   /// Image b of a contiguous NCHW tensor as the (OH·OW) x channels column-major matrix it is.
@@ -307,6 +327,7 @@ class Conv2d : public impl::Affine<T, Mem> {
   // Column-major, so gemm and the factor's syrk read them in place and im2col, col2im and the
   // NCHW copies run along contiguous rows.
   Columns patches_, dpatches_, columns_;
+  bool dpatches_zero_ = false;  // every entry of dpatches_ is 0 (host: see patch_gradients)
 };
 
 }  // namespace nn
