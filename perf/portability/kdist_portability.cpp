@@ -20,6 +20,10 @@
 //   fused_copy n        a gradient into and out of a fusion buffer: 2 x (read n + write n)  memory, copy_one
 //   adasum_pair n       partial sums (read 2 n) and apply (read 2 n, write n)         memory, copy_one
 //   im2col geometry     read the input, write rows x patch (column-major, as nn::Conv2d) memory, copy_one
+//   col2im geometry     its adjoint: read rows x patch, write the input                memory, copy_one
+//   max_pool_forward b x c x h x w   nn::MaxPool2d(2): read x, write y and the argmax (n/4 each)
+//                                                                                    memory, copy_one
+//   max_pool_backward b x c x h x w  read dy and the argmax (n/4 each), write dx (n)  memory, copy_one
 //   factor_product n x d  syrk: n d (d + 1) flops                                     compute, gemm_float
 //   factor_update rows x n  K-FAC's factor step (FactorUpdate::running_average: syrk's beta
 //                       blends into the upper triangle, no mirror) on the layer's layout:
@@ -47,6 +51,7 @@
 #include <kdist/core/products.hpp>
 #include <kdist/kfac/impl/kernels.hpp>
 #include <kdist/kfac/preconditioner.hpp>
+#include <kdist/nn/activations.hpp>
 #include <kdist/nn/dense.hpp>
 #include <kdist/nn/init.hpp>
 
@@ -257,6 +262,29 @@ class Suite {
     add({"im2col", name, "copy_one", timed(s_.reps, [&] { kdist::im2col(exec, g, x, patches); }), bytes});
   }
 
+  void col2im(const kdist::Conv2dGeometry& g, const std::string& name) {
+    Kokkos::View<float**, Kokkos::LayoutLeft, Mem> patches("patches", g.rows(), g.patch());  // as nn::Conv2d
+    Kokkos::View<float****, Kokkos::LayoutRight, Mem> dx("dx", g.batch, g.channels, g.height, g.width);
+    fill_random(patches, 10);
+    Exec exec;
+    const double bytes = (static_cast<double>(dx.size()) + static_cast<double>(patches.size())) * sizeof(float);
+    add({"col2im", name, "copy_one", timed(s_.reps, [&] { kdist::col2im(exec, g, patches, dx); }), bytes});
+  }
+
+  /// nn::MaxPool2d(2) forward and backward on a b x c x h x w input (h, w even).
+  void max_pool(int b, int c, int h, int w) {
+    using Tensor = kdist::nn::Tensor4<float, Mem>;
+    Tensor x("x", b, c, h, w), y("y", b, c, h / 2, w / 2), dx("dx", b, c, h, w);
+    fill_random(x, 11);
+    kdist::nn::MaxPool2d<float, Mem> pool(2);
+    Exec exec;
+    const std::string size =
+        std::to_string(b) + " x " + std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w);
+    const double n = static_cast<double>(x.size()), bytes = (n + n / 2) * sizeof(float);  // int argmax
+    add({"max_pool_forward", size, "copy_one", timed(s_.reps, [&] { pool.forward(exec, x, y); }), bytes});
+    add({"max_pool_backward", size, "copy_one", timed(s_.reps, [&] { pool.backward(exec, y, dx); }), bytes});
+  }
+
   void factor_product(int n, int d) {
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> X("X", n, d);
     Matrix<float> A("A", d, d);
@@ -379,10 +407,18 @@ void run(Suite<Exec>& suite, const Settings& s) {
   for (std::size_t n : ns) suite.adasum_pair(n);
   if (s.smoke) {
     suite.im2col({2, 1, 8, 8, 3, 3, 1, 1}, "tiny");
+    suite.col2im({2, 1, 8, 8, 3, 3, 1, 1}, "tiny");
+    suite.max_pool(2, 3, 8, 8);
   } else {
     suite.im2col({64, 1, 28, 28, 5, 5, 1, 2}, "cnn conv1 (64 x 1x28x28, 5x5)");
     suite.im2col({64, 32, 14, 14, 5, 5, 1, 2}, "cnn conv2 (64 x 32x14x14, 5x5)");
     suite.im2col({8, 64, 56, 56, 3, 3, 1, 1}, "resnet50 layer1 3x3 (8 x 64x56x56)");
+    suite.col2im({64, 16, 14, 14, 5, 5, 1, 2}, "cnn conv2 (64 x 16x14x14, 5x5)");
+    suite.col2im({8, 64, 56, 56, 3, 3, 1, 1}, "resnet50 layer1 3x3 (8 x 64x56x56)");
+    // The CNN's two pools, and ResNet-50's stem output (its pool is 3x3 stride 2; 2x2 here).
+    suite.max_pool(64, 16, 28, 28);
+    suite.max_pool(64, 32, 14, 14);
+    suite.max_pool(8, 64, 112, 112);
   }
   const std::vector<std::pair<int, int>> products =
       s.smoke ? std::vector<std::pair<int, int>>{{16, 17}}
