@@ -94,19 +94,15 @@ void check_im2col(const char* func, const Conv2dGeometry& g, const NV& nchw, con
   require_disjoint(func, nchw, patches);
 }
 
-/// Calls f(b, c, h, w) for every index of a B x C x H x W box: one work item per (b, c) plane,
-/// its rows in turn, the inner loop along w. Index arithmetic is paid once per plane (one
-/// division; a work item per row paid three, which cost as much as a short row's work); on
+/// f(b, c, h, w) along a row, for for_each_nchw's host form (for_rows_nchw's work items). On
 /// Kokkos 3.4 Serial a rank-4 MDRangePolicy's per-element tiling cost several times what these
 /// kernels compute.
 template <class F>
-struct NchwRows {
+struct AlongRow {
   F f;
-  int C, H, W;
-  KOKKOS_INLINE_FUNCTION void operator()(const int t) const {
-    const int b = t / C, c = t - b * C;
-    for (int h = 0; h < H; ++h)
-      for (int w = 0; w < W; ++w) f(b, c, h, w);
+  int W;
+  KOKKOS_INLINE_FUNCTION void operator()(const int b, const int c, const int h) const {
+    for (int w = 0; w < W; ++w) f(b, c, h, w);
   }
 };
 /// An element of a B x C x H x W box, and the one numbered e in NCHW order (w fastest).
@@ -153,32 +149,22 @@ inline int nchw_row_count(const char* name, int B, int C, int H) {
                             " rows (batch x channels x height) exceed int");
   return static_cast<int>(rows);
 }
-/// B * C, the planes of a host row kernel; checked as nchw_row_count (every row is still visited
-/// with an int index).
-inline int nchw_plane_count(const char* name, int B, int C, int H) {
-  nchw_row_count(name, B, C, H);
-  return B * C;
-}
 template <class ExecSpace, class F>
 void for_each_nchw_entry(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
   const std::int64_t n = static_cast<std::int64_t>(B) * C * H * W;
   Kokkos::parallel_for(name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
                        NchwEntries<F>{f, C, H, W});
 }
-/// Calls f(b, c, h, w) once per element: by rows on host spaces, by elements on device ones.
-template <class ExecSpace, class F>
-void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
-  if constexpr (!runs_on_host<ExecSpace>())
-    for_each_nchw_entry(name, exec, B, C, H, W, f);
-  else
-    Kokkos::parallel_for(
-        name, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, nchw_plane_count(name, B, C, H)),
-        NchwRows<F>{f, C, H, W});
+/// Whether B x C planes give every thread of `exec` work: host row kernels then take a plane a
+/// work item (one division; a work item per row paid three, as much as a short row's work).
+template <class ExecSpace>
+bool planes_suffice(const ExecSpace& exec, int B, int C) {
+  return runs_on_host<ExecSpace>() && static_cast<long long>(B) * C >= exec.concurrency();
 }
 
-/// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself): a host
-/// space's work item takes a (b, c) plane's rows in turn (one division each, as NchwRows), a
-/// device's one row (threads enough for a GPU).
+/// Calls f(b, c, h) once per row of a B x C x H box (the caller loops along w itself): a work
+/// item per (b, c) plane, its rows in turn, where planes_suffice, else a row a work item (a
+/// device's threads, or a host with more threads than planes).
 template <class F>
 struct NchwPlaneRowItems {
   F f;
@@ -200,10 +186,24 @@ struct NchwRowItems {
 template <class ExecSpace, class F>
 void for_rows_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, const F& f) {
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>;
-  if constexpr (runs_on_host<ExecSpace>())
-    Kokkos::parallel_for(name, Policy(exec, 0, nchw_plane_count(name, B, C, H)), NchwPlaneRowItems<F>{f, C, H});
+  const int rows = nchw_row_count(name, B, C, H);
+  if constexpr (runs_on_host<ExecSpace>()) {
+    if (planes_suffice(exec, B, C)) {
+      Kokkos::parallel_for(name, Policy(exec, 0, B * C), NchwPlaneRowItems<F>{f, C, H});
+      return;
+    }
+  }
+  Kokkos::parallel_for(name, Policy(exec, 0, rows), NchwRowItems<F>{f, C, H});
+}
+
+/// Calls f(b, c, h, w) once per element: along rows on host spaces (for_rows_nchw), by elements
+/// on device ones.
+template <class ExecSpace, class F>
+void for_each_nchw(const char* name, const ExecSpace& exec, int B, int C, int H, int W, const F& f) {
+  if constexpr (!runs_on_host<ExecSpace>())
+    for_each_nchw_entry(name, exec, B, C, H, W, f);
   else
-    Kokkos::parallel_for(name, Policy(exec, 0, nchw_row_count(name, B, C, H)), NchwRowItems<F>{f, C, H});
+    for_rows_nchw(name, exec, B, C, H, AlongRow<F>{f, W});
 }
 
 /// Row (b, c, h) of an NCHW view, indexed by w: a raw pointer when the view is LayoutRight (w
@@ -351,6 +351,17 @@ void for_padded_planes(const char* func, const ExecSpace& exec, const Conv2dGeom
       });
 }
 
+/// Entries of the largest padded plane for_padded_planes takes (256 KiB of floats: the scratch
+/// is per thread and stays allocated).
+constexpr long long kPaddedPlaneEntries = 1 << 16;
+/// Whether im2col and col2im may run through padded planes: the plane fits kPaddedPlaneEntries
+/// and there are planes enough for every thread of `exec`.
+template <class ExecSpace>
+bool padded_planes_fit(const ExecSpace& exec, const Conv2dGeometry& g) {
+  const long long entries = (g.height + 2LL * g.padding) * (g.width + 2LL * g.padding);
+  return entries <= kPaddedPlaneEntries && planes_suffice(exec, g.batch, g.channels);
+}
+
 /// n zeros from `at` on.
 template <class T>
 KOKKOS_INLINE_FUNCTION void zero_run(T* at, int n) {
@@ -376,14 +387,48 @@ KOKKOS_INLINE_FUNCTION void gather_run(const To& to, const From& from, int strid
   }
 }
 
+/// im2col into a LayoutLeft patch matrix on a host space, a work item per (column k, image b):
+/// for each output row i, an input row segment along j (contiguous when the stride is 1) and the
+/// padding around it, clipped run by run. For planes too large for scratch, or too few planes for
+/// the host's threads.
+template <class ExecSpace, class XView, class PView>
+void im2col_column_runs(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                        const PView& patches) {
+  using T = typename PView::value_type;
+  const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w, B = g.batch;
+  const int H = g.height, W = g.width, S = g.stride, P = g.padding;
+  Kokkos::parallel_for(
+      func, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int>>(exec, 0, g.patch() * B), KOKKOS_LAMBDA(const int t) {
+        const int b = t % B, k = t / B;
+        const int q = k % KW, p = (k / KW) % KH, c = k / (KW * KH);
+        const InsideColumns inside(q, S, P, W, OW);
+        for (int i = 0, r0 = b * OH * OW; i < OH; ++i, r0 += OW) {
+          const int h = i * S - P + p;
+          const bool row_inside = h >= 0 && h < H;
+          const int begin = row_inside ? inside.begin : OW, end = row_inside ? inside.end : OW;
+          T* const column = &patches(r0, k);  // LayoutLeft: contiguous over the rows
+          for (int j = 0; j < begin; ++j) column[j] = T(0);
+          if (row_inside) {
+            const auto in = nchw_row(x, b, c, h);
+            if (S == 1) {
+              for (int j = begin; j < end; ++j) column[j] = T(in[j - P + q]);
+            } else {
+              for (int j = begin; j < end; ++j) column[j] = T(in[j * S - P + q]);
+            }
+          }
+          for (int j = end; j < OW; ++j) column[j] = T(0);
+        }
+      });
+}
+
 /// im2col into a LayoutLeft patch matrix on a host space: column k is contiguous over the rows
 /// (b, i, j). One work item per (image b, channel c) copies the channel into its padded plane,
 /// then writes the channel's kh·kw columns, each as out_h runs of out_w entries read from the
-/// plane. Faster than per-column work items that clipped every run to the input (3.9 against
-/// 2.5 ms a step for the CNN's second convolution; docs/performance.md).
+/// plane. Faster than per-column work items that clipped every run to the input (2.5 against
+/// 3.9 ms a step for the CNN's second convolution; docs/performance.md).
 template <class ExecSpace, class XView, class PView>
-void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
-                    const PView& patches) {
+void im2col_plane_runs(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                       const PView& patches) {
   using T = typename PView::value_type;
   const int OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
   const int H = g.height, W = g.width, S = g.stride, P = g.padding, PH = H + 2 * P, PW = W + 2 * P;
@@ -397,6 +442,16 @@ void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometr
             for (int i = 0; i < OH; ++i) gather_run(column + i * OW, pad + (i * S + p) * PW + q, S, OW);
           }
       });
+}
+
+/// im2col into a LayoutLeft patch matrix on a host space: through padded planes where they fit.
+template <class ExecSpace, class XView, class PView>
+void im2col_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const XView& x,
+                    const PView& patches) {
+  if (padded_planes_fit(exec, g))
+    im2col_plane_runs(exec, func, g, x, patches);
+  else
+    im2col_column_runs(exec, func, g, x, patches);
 }
 
 /// im2col on a device space, any layout: one thread per patch entry (r, k), the patch matrix's
@@ -433,7 +488,7 @@ int im2col_team_size(int spatial) {
   return std::min(256, (threads + 31) / 32 * 32);
 }
 
-/// im2col into a LayoutLeft patch matrix on a device: im2col_columns' work items, each a team
+/// im2col into a LayoutLeft patch matrix on a device: im2col_column_runs' work items, each a team
 /// whose threads share its output positions, so a team writes down one column and reads along
 /// input rows (both contiguous at stride 1), with one division per entry. Thread s0 copies the
 /// positions s0 + r m (m the team's share), loading them all before its first store (for_copies).
@@ -524,7 +579,7 @@ void col2im_plane_runs(const ExecSpace& exec, const char* func, const Conv2dGeom
 template <class ExecSpace, class PView, class XView>
 void col2im_columns(const ExecSpace& exec, const char* func, const Conv2dGeometry& g, const PView& patches,
                     const XView& dx) {
-  if (g.kernel_h * g.kernel_w >= 16)
+  if (g.kernel_h * g.kernel_w >= 16 && padded_planes_fit(exec, g))
     col2im_plane_runs(exec, func, g, patches, dx);
   else
     col2im_row_runs(exec, func, g, patches, dx);
@@ -629,7 +684,8 @@ void im2col(const ExecSpace& exec, const Conv2dGeometry& g, const XView& x, cons
   impl::im2col_kernel(exec, func, g, x, patches);
 }
 
-/// dx := col2im(patches), the adjoint of im2col: a gather over dx, so no atomics.
+/// dx := col2im(patches), the adjoint of im2col: each element of dx (or its padded plane) is
+/// written by one work item, so no atomics.
 template <class ExecSpace, class PView, class XView>
 void col2im(const ExecSpace& exec, const Conv2dGeometry& g, const PView& patches, const XView& dx) {
   constexpr const char* func = "kdist::col2im";

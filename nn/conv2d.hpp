@@ -263,7 +263,7 @@ class Conv2d : public impl::Affine<T, Mem> {
   static constexpr std::size_t chunk_bytes = std::size_t(512) << 10;
   using Range = std::pair<int, int>;
 
-  static constexpr bool on_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  static constexpr bool on_host = kdist::impl::runs_on_host<execution_space>();
   static int images_per_chunk(const Conv2dGeometry& g) {
     if (!on_host) return g.batch;  // GPUs: one launch
     const std::size_t image = std::size_t(g.out_h()) * std::size_t(g.out_w()) * std::size_t(g.patch()) * sizeof(T);

@@ -37,6 +37,9 @@ const ConvShape shapes[] = {
     {2, 3, 7, 6, 5, 5, 1, 2},  // "same" 5x5 at stride 1: im2col's contiguous plane copy
     {3, 2, 5, 5, 3, 3, 1, 1},  // "same" 3x3
     {1, 1, 6, 3, 5, 3, 1, 1},  // same width only (kernel 5 high, padding 1): rows fall out
+    // Padded planes past impl::kPaddedPlaneEntries: the host kernels without one.
+    {1, 2, 300, 250, 5, 5, 2, 2},
+    {1, 1, 280, 260, 3, 3, 1, 1},
 };
 
 kdist::Conv2dGeometry geometry(const ConvShape& s) {

@@ -407,7 +407,7 @@ void run(Suite<Exec>& suite, const Settings& s) {
   for (std::size_t n : ns) suite.adasum_pair(n);
   if (s.smoke) {
     suite.im2col({2, 1, 8, 8, 3, 3, 1, 1}, "tiny");
-    suite.col2im({2, 1, 8, 8, 3, 3, 1, 1}, "tiny");
+    suite.col2im({2, 1, 8, 8, 5, 5, 1, 2}, "tiny 5x5");
     suite.max_pool(2, 3, 8, 8);
   } else {
     suite.im2col({64, 1, 28, 28, 5, 5, 1, 2}, "cnn conv1 (64 x 1x28x28, 5x5)");
