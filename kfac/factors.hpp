@@ -16,15 +16,16 @@
 // Errors: a layer of the other kind, extents that do not fit the layer, an empty batch or a
 // factor sharing storage with its input throw InvalidArgument naming the operation, the layer
 // (Layer::describe), the view's label and extents and the expected ones; the factor is untouched.
-// FactorWorkspace<T, MemorySpace> holds the conv scratch (im2col patches, gradient rows) and grows
-// it on demand: a call of a size not larger than one before allocates nothing. One workspace
-// serves one call at a time; calls on different instances must be ordered by the caller.
+// FactorWorkspace<T, MemorySpace> holds the conv scratch (im2col or row patches, gradient rows)
+// and grows it on demand: a call of a size not larger than one before allocates nothing. One
+// workspace serves one call at a time; calls on different instances must be ordered by the caller.
 #pragma once
 
 #include <kdist/core/im2col.hpp>
 #include <kdist/core/phase.hpp>
 #include <kdist/core/products.hpp>
 #include <kdist/core/views.hpp>
+#include <kdist/kfac/impl/conv_shifts.hpp>
 #include <kdist/kfac/layers.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -194,7 +195,9 @@ void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, con
                  update);
 }
 
-/// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer.
+/// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer. On the host a
+/// stride-1 layer of 20+ channel x kernel columns takes the patches' overlap instead of forming
+/// them (kfac/impl/conv_shifts.hpp; conv2d_a_factor_prefers_input says when).
 template <class ExecSpace, class XView, class AView, class T, class MemorySpace>
 void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A,
                      FactorWorkspace<T, MemorySpace>& workspace, const FactorUpdate& update = FactorUpdate::replace()) {
@@ -208,9 +211,23 @@ void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, 
       B, layer.in_channels(), H, W, layer.kernel_h(), layer.kernel_w(), layer.stride(), layer.padding()};
   g.validate(func, " for " + layer.describe());
   Phase phase(func);
+  if (impl::a_factor_by_shifts<ExecSpace>(layer, g)) {
+    const auto m = impl::shift_columns(g, layer.bias());
+    const auto scratch =
+        workspace.impl_rows(exec, static_cast<int>(impl::shift_scratch_entries(g, layer.bias()) / m), m);
+    return impl::conv2d_a_factor_by_shifts(exec, layer, g, X, A, scratch, update);
+  }
   const auto patches = workspace.impl_rows(exec, g.rows(), g.patch());
   im2col(exec, g, X, patches);
   conv2d_a_factor_from_patches(exec, layer, g, patches, A, update);
+}
+
+/// Whether conv2d_a_factor on ExecSpace computes this layer's A from its input X for geometry g
+/// faster than conv2d_a_factor_from_patches from patches already formed: a caller holding both
+/// (nn::Conv2d) passes X then.
+template <class ExecSpace>
+bool conv2d_a_factor_prefers_input(const Layer& layer, const Conv2dGeometry& g) {
+  return impl::a_factor_by_shifts<ExecSpace>(layer, g);
 }
 
 /// G = B·Σ_{b,s} dY_{b,s} dY_{b,s}ᵀ for the NCHW gradient dY (B, outputs, out_h, out_w) of the

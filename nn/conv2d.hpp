@@ -13,9 +13,10 @@
 // same), so x may change after forward; the products are column-major gemms on P, on the output
 // columns and on the weight's storage read as Wᵀ, so nothing is transposed. Attached
 // (attach(&kfac, l)), forward calls kfac->on_forward(exec, l, geometry, P) once P is formed
-// (factor A reuses the patches) and backward kfac->on_backward(exec, l, dy) with the NCHW output
-// gradient of the MEAN loss before anything else. gradient() is kfac::Preconditioner<T, Mem>::Gradient
-// of the layer; kfac_layer() the matching kfac::Conv2d.
+// (factor A reuses the patches; on_forward(exec, l, x) instead where kfac computes A faster from
+// x) and backward kfac->on_backward(exec, l, dy) with the NCHW output gradient of the MEAN loss
+// before anything else. gradient() is kfac::Preconditioner<T, Mem>::Gradient of the layer;
+// kfac_layer() the matching kfac::Conv2d.
 // Kernels and gemm run on `exec`. Errors (InvalidArgument "kdist::nn::Conv2d::<method>: ... for
 // Conv2d(...)"): sizes < 1 or padding < 0, a kernel that does not fit the padded input, extents
 // that do not fit, outputs sharing storage with inputs, backward before forward.
@@ -202,7 +203,7 @@ class Conv2d : public impl::Affine<T, Mem> {
       }
     });
     geometry_ = g;
-    this->hook_forward_patches(exec, g, patches_);
+    this->hook_forward_conv(exec, g, patches_, x);
   }
 
   void backward(const execution_space& exec, const ConstTensor4<T, Mem>& dy, const Tensor4<T, Mem>& dx = {}) {

@@ -145,6 +145,74 @@ TEMPLATE_TEST_CASE("Conv2d factors: A over im2col rows / (B S), G = B sum_s dY d
   check_conv<TestType, Kokkos::LayoutLeft>(conv_cases[1], ws, rng);  // NCHW in another layout
 }
 
+namespace {
+
+// Stride-1 geometries for factor A by kernel-row shifts (kfac/impl/conv_shifts.hpp): every
+// padding from none to more than the kernel, kernels wider than tall and taller than wide, an
+// input narrower than the padding, one input row, one image, the CNN's second layer (scaled down).
+const ConvCase shift_cases[] = {
+    {{2, 3, 6, 6, 3, 3, 1, 1}, 4, true}, {{3, 2, 7, 5, 3, 2, 1, 0}, 2, false}, {{2, 4, 5, 7, 2, 3, 1, 2}, 3, true},
+    {{1, 2, 4, 3, 3, 3, 1, 4}, 2, true}, {{2, 2, 1, 6, 1, 3, 1, 1}, 2, true},  {{2, 3, 3, 1, 3, 1, 1, 2}, 2, false},
+    {{1, 1, 6, 6, 5, 5, 1, 2}, 2, true}, {{3, 4, 7, 7, 5, 5, 1, 2}, 3, true},  {{2, 2, 5, 5, 1, 1, 1, 0}, 2, true},
+    {{2, 3, 4, 4, 4, 4, 1, 0}, 2, true}, {{1, 2, 3, 1, 2, 6, 1, 3}, 2, true},  {{2, 2, 9, 4, 2, 4, 1, 3}, 2, false},
+};
+
+template <class T>
+void check_shifts(const ConvCase& k, std::mt19937_64& rng) {
+  const ConvShape& s = k.s;
+  const kdist::kfac::Conv2d layer(s.channels, k.c_out, s.kh, s.kw, s.stride, s.padding, k.bias);
+  const kdist::Conv2dGeometry g{s.batch, s.channels, s.height, s.width, s.kh, s.kw, s.stride, s.padding};
+  const Dense x = eighths(s.inputs(), rng);
+  const auto X = device_nchw<T>("X", s.batch, s.channels, s.height, s.width, x);
+  const Dense a_ref = gram_ref(kdist_test::patches_ref(x, s), s.rows(), s.patch(), k.bias, 1.0 / s.rows());
+  kdist::kfac::FactorWorkspace<T, TestMem> ws;
+  const int m = kdist::kfac::impl::shift_columns(g, k.bias);
+  const auto scratch = ws.impl_rows(TestExec(), int(kdist::kfac::impl::shift_scratch_entries(g, k.bias) / m), m);
+  Kokkos::deep_copy(scratch, T(-3));  // stale scratch: every entry read must have been written
+  INFO(layer.describe() << ", batch " << s.batch << ", input " << s.height << "x" << s.width);
+  const auto A = stale_factor<T>("A", layer.a_dim());
+  kdist::kfac::impl::conv2d_a_factor_by_shifts(TestExec(), layer, g, X, A, scratch, kdist::FactorUpdate::replace());
+  CHECK(relative_error(A, a_ref) <= tolerance<T>());
+  // The running average blends the upper triangle only: keep·old + (1 - keep)·new.
+  const int n = layer.a_dim();
+  const Dense old = eighths(std::size_t(n) * n, rng);
+  const auto B =
+      device_matrix<T, Kokkos::LayoutLeft>("B", n, n, [&](int r, int c) { return old[std::size_t(r) * n + c]; });
+  Kokkos::deep_copy(scratch, T(-3));
+  kdist::kfac::impl::conv2d_a_factor_by_shifts(TestExec(), layer, g, X, B, scratch,
+                                               kdist::FactorUpdate::running_average(0.25));
+  Dense want = old;
+  for (int r = 0; r < n; ++r)
+    for (int c = r; c < n; ++c)
+      want[std::size_t(r) * n + c] = 0.25 * old[std::size_t(r) * n + c] + 0.75 * a_ref[std::size_t(r) * n + c];
+  CHECK(relative_error(B, want) <= tolerance<T>());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Conv2d factor A by kernel-row shifts equals the patches' product", "[kfac][factors]", float,
+                   double) {
+  std::mt19937_64 rng(25);
+  for (const auto& k : shift_cases) check_shifts<TestType>(k, rng);
+}
+
+TEST_CASE("conv2d_a_factor takes the shifts on the host for 20+ channel x kernel columns", "[kfac][factors]") {
+  std::mt19937_64 rng(26);
+  const ConvCase wide{{2, 10, 7, 6, 3, 2, 1, 1}, 4, true}, narrow{{2, 19, 7, 6, 3, 1, 1, 1}, 4, true};
+  const kdist::Conv2dGeometry g{2, 10, 7, 6, 3, 2, 1, 1}, h{2, 19, 7, 6, 3, 1, 1, 1};
+  constexpr bool host = kdist::impl::runs_on_host<TestExec>();
+  CHECK(kdist::kfac::conv2d_a_factor_prefers_input<TestExec>(kdist::kfac::Conv2d(10, 4, 3, 2, 1, 1), g) == host);
+  CHECK_FALSE(kdist::kfac::conv2d_a_factor_prefers_input<TestExec>(kdist::kfac::Conv2d(19, 4, 3, 1, 1, 1), h));
+  CHECK_FALSE(kdist::kfac::conv2d_a_factor_prefers_input<TestExec>(kdist::kfac::Conv2d(10, 4, 3, 2, 2, 1), g));
+  kdist::kfac::FactorWorkspace<double, TestMem> ws, ws_narrow;
+  check_conv<double>(wide, ws, rng);
+  check_conv<double>(narrow, ws_narrow, rng);
+  // The scratch it grew says which way it went: Y and its blocks, or the patch matrix.
+  const long long expected = host ? kdist::kfac::impl::shift_scratch_entries(g, true) : 98LL * 60;
+  CHECK(ws.bytes() == std::size_t(expected) * sizeof(double));
+  CHECK(ws_narrow.bytes() == std::size_t(112 * 57) * sizeof(double));
+}
+
 TEST_CASE("a Conv2d whose kernel covers its input has the factors of the Dense layer", "[kfac][factors]") {
   // One output location: the patch is the flattened NCHW sample (c*H + h)*W + w, S = 1, so the
   // KFC normalisations of the two kinds must agree.

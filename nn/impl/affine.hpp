@@ -13,7 +13,8 @@
 //     pairs for nn::SGD; use_gradient_storage(exec, storage) moves dW and db into memory of the
 //     caller's (one block for a fused all-reduce). attach(kfac, index) makes the layer call
 //     kfac->on_forward(exec, index, x) first in forward (Conv2d: kfac->on_forward(exec, index,
-//     geometry, patches) once its patches are formed) and kfac->on_backward(exec, index, dy) first
+//     geometry, patches) once its patches are formed, or with x then where kfac computes factor A
+//     faster from x) and kfac->on_backward(exec, index, dy) first
 //     in backward; attach(nullptr, -1) detaches. The parameters start at zero (nn/init.hpp
 //     initialises them).
 // Every kernel runs on the caller's instance; gemm goes through kdist::gemm.
@@ -156,10 +157,13 @@ class Affine {
   void hook_forward(const execution_space& exec, const XView& x) {
     if (kfac_) kfac_->on_forward(exec, index_, x);
   }
-  /// A Conv2d's forward hands kfac its im2col patches, so factor A reuses them.
-  template <class PView>
-  void hook_forward_patches(const execution_space& exec, const Conv2dGeometry& g, const PView& patches) {
-    if (kfac_) kfac_->on_forward(exec, index_, g, patches);
+  /// A Conv2d's forward hands kfac its im2col patches, so factor A reuses them, or its input x
+  /// where factor A is cheaper from x (kfac::conv2d_a_factor_prefers_input).
+  template <class PView, class XView>
+  void hook_forward_conv(const execution_space& exec, const Conv2dGeometry& g, const PView& patches, const XView& x) {
+    if (!kfac_) return;
+    if (kfac::conv2d_a_factor_prefers_input<execution_space>(layer_, g)) return kfac_->on_forward(exec, index_, x);
+    kfac_->on_forward(exec, index_, g, patches);
   }
   template <class YView>
   void hook_backward(const execution_space& exec, const YView& dy) {
