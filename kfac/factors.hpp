@@ -196,7 +196,7 @@ void conv2d_a_factor_from_patches(const ExecSpace& exec, const Layer& layer, con
 }
 
 /// A = āᵀā / (B·S) over the im2col patches of the NCHW input X of a Conv2d layer. On the host a
-/// stride-1 layer of 20+ channel x kernel columns takes the patches' overlap instead of forming
+/// stride-1 layer of 10+ channel x kernel columns takes the patches' overlap instead of forming
 /// them (kfac/impl/conv_shifts.hpp; conv2d_a_factor_prefers_input says when).
 template <class ExecSpace, class XView, class AView, class T, class MemorySpace>
 void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, const AView& A,
@@ -212,9 +212,8 @@ void conv2d_a_factor(const ExecSpace& exec, const Layer& layer, const XView& X, 
   g.validate(func, " for " + layer.describe());
   Phase phase(func);
   if (impl::a_factor_by_shifts<ExecSpace>(layer, g)) {
-    const auto m = impl::shift_columns(g, layer.bias());
-    const auto scratch =
-        workspace.impl_rows(exec, static_cast<int>(impl::shift_scratch_entries(g, layer.bias()) / m), m);
+    const auto m = impl::shift_columns(g);
+    const auto scratch = workspace.impl_rows(exec, static_cast<int>(impl::shift_scratch_entries(g) / m), m);
     return impl::conv2d_a_factor_by_shifts(exec, layer, g, X, A, scratch, update);
   }
   const auto patches = workspace.impl_rows(exec, g.rows(), g.patch());
