@@ -47,9 +47,9 @@ void run_case(const Case& c, int reps, kdist_bench::Table& table) {
   Matrix A_shifts("A_shifts", n, n), A_patches("A_patches", n, n);
   const auto update = kdist::FactorUpdate::running_average(0.95);
   kdist::kfac::FactorWorkspace<float, Kokkos::HostSpace> ws_shifts, ws_patches;
-  const int m = kdist::kfac::impl::shift_columns(g, true);
+  const int m = kdist::kfac::impl::shift_columns(g);
   const auto time_shifts = [&] {
-    const auto scratch = ws_shifts.impl_rows(Host(), int(kdist::kfac::impl::shift_scratch_entries(g, true) / m), m);
+    const auto scratch = ws_shifts.impl_rows(Host(), int(kdist::kfac::impl::shift_scratch_entries(g) / m), m);
     const auto t0 = std::chrono::steady_clock::now();
     kdist::kfac::impl::conv2d_a_factor_by_shifts(Host(), layer, g, X, A_shifts, scratch, update);
     Host().fence();
@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
   const Case cases[] = {
       {"cnn conv1 64x1x28x28 5x5", {64, 1, 28, 28, 5, 5, 1, 2}},
       {"cnn conv2 64x16x14x14 5x5", {64, 16, 14, 14, 5, 5, 1, 2}},
+      {"64x2x28x28 5x5", {64, 2, 28, 28, 5, 5, 1, 2}},
+      {"64x4x28x28 3x3", {64, 4, 28, 28, 3, 3, 1, 1}},
       {"64x4x28x28 5x5", {64, 4, 28, 28, 5, 5, 1, 2}},
       {"64x8x14x14 3x3", {64, 8, 14, 14, 3, 3, 1, 1}},
       {"64x16x28x28 3x3", {64, 16, 28, 28, 3, 3, 1, 1}},
