@@ -24,6 +24,7 @@
 #include <kdist/kfac/layers.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <climits>
 #include <cstddef>
 #include <vector>
 
