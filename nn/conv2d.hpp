@@ -23,6 +23,7 @@
 #pragma once
 
 #include <kdist/core/im2col.hpp>
+#include <kdist/core/impl/lane_sums.hpp>
 #include <kdist/nn/impl/affine.hpp>
 
 #include <algorithm>
@@ -121,26 +122,18 @@ void channel_sums(const ExecSpace& exec, const YV& dy, const BV& db) {
   if constexpr (!kdist::impl::runs_on_host<ExecSpace>()) {
     channel_sums_teams(exec, dy, db);
   } else {
-    // The host form: eight running sums per channel, element w of a row going to sum w mod 8:
-    // one sum would chain every addition on the one before (the compiler may not reorder them),
-    // and a channel holds B·H·W values (50 176 for 64 images of 28 x 28).
+    // The host form: eight running sums per channel (impl::LaneSums), a channel holding B·H·W
+    // values (50 176 for 64 images of 28 x 28), each row of W a run.
     using T = typename BV::non_const_value_type;
     const int B = static_cast<int>(dy.extent(0)), H = static_cast<int>(dy.extent(2)),
               W = static_cast<int>(dy.extent(3));
     Kokkos::parallel_for(
         "kdist::nn::Conv2d::channel_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, db.extent(0)),
         KOKKOS_LAMBDA(const int c) {
-          constexpr int lanes = 8;  // declared in the body: nothing for nvcc to capture
-          T sum[lanes] = {};
+          kdist::impl::LaneSums<T> sum;
           for (int b = 0; b < B; ++b)
-            for (int h = 0; h < H; ++h) {
-              const T* const row = &dy(b, c, h, 0);
-              int w = 0;
-              for (; w + lanes <= W; w += lanes)
-                for (int k = 0; k < lanes; ++k) sum[k] += row[w + k];
-              for (int k = 0; w + k < W; ++k) sum[k] += row[w + k];
-            }
-          db(c) = ((sum[0] + sum[1]) + (sum[2] + sum[3])) + ((sum[4] + sum[5]) + (sum[6] + sum[7]));
+            for (int h = 0; h < H; ++h) sum.add(&dy(b, c, h, 0), W);
+          db(c) = sum.total();
         });
   }
 }

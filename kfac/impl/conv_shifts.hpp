@@ -19,6 +19,7 @@
 #pragma once
 
 #include <kdist/core/conv2d_geometry.hpp>
+#include <kdist/core/impl/lane_sums.hpp>
 #include <kdist/core/impl/nchw_rows.hpp>
 #include <kdist/core/products.hpp>
 #include <kdist/kfac/layers.hpp>
@@ -103,7 +104,7 @@ void add_to_blocks(const ExecSpace& exec, const MV& Tm, const SV& S, int first, 
 }
 
 /// sums(col, p) += Σ_{r in [first, first + count)} Y(r, col) for p in [p_first, p_last): a shift-0
-/// segment's terms of the bias row. Eight running sums a column, so the host loop vectorises.
+/// segment's terms of the bias row, in eight running sums a column (impl::LaneSums).
 template <class ExecSpace, class MV>
 void add_column_sums(const ExecSpace& exec, const MV& Y, int first, int count, const MV& sums, int p_first,
                      int p_last) {
@@ -111,14 +112,9 @@ void add_column_sums(const ExecSpace& exec, const MV& Y, int first, int count, c
   Kokkos::parallel_for(
       "kdist::kfac::shift_bias_sums", Kokkos::RangePolicy<ExecSpace>(exec, 0, Y.extent(1)),
       KOKKOS_LAMBDA(const int column) {
-        constexpr int lanes = 8;  // declared in the body: nothing for nvcc to capture
-        T lane[lanes] = {};
-        const T* const y = &Y(first, column);  // LayoutLeft: contiguous
-        int r = 0;
-        for (; r + lanes <= count; r += lanes)
-          for (int k = 0; k < lanes; ++k) lane[k] += y[r + k];
-        for (int k = 0; r + k < count; ++k) lane[k] += y[r + k];
-        const T sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        kdist::impl::LaneSums<T> lanes;
+        lanes.add(&Y(first, column), count);  // LayoutLeft: contiguous
+        const T sum = lanes.total();
         for (int p = p_first; p < p_last; ++p) sums(column, p) += sum;
       });
 }
