@@ -75,6 +75,13 @@ struct DenseSolver<ExecSpace, T,
     info[0] = host::potrf<T>('U', n, a, lda);
     info[1] = info[0] == 0 ? host::potri<T>('U', n, a, lda) : 0;
   }
+  static std::size_t cholesky_factor_bytes(const ExecSpace&, int, int) { return 0; }
+  /// In place on the upper triangle: a := R (a = R^T R); info = {potrf, 0}.
+  static void cholesky_factor(const ExecSpace& exec, T* a, int n, int lda, void*, std::size_t, int* info) {
+    compat::fence(exec, "kdist::cholesky_factor: before LAPACK");
+    info[0] = host::potrf<T>('U', n, a, lda);
+    info[1] = 0;
+  }
   /// LAPACK's work array followed by its integer work array.
   static std::size_t syevd_bytes(const ExecSpace&, int n, int) {
     const host::SyevdWorkspace ws = host::syevd_workspace<T>('V', 'U', n);
@@ -122,6 +129,13 @@ struct DenseSolver<Kokkos::Cuda, T, void> {
   static void cholesky_solve(const Kokkos::Cuda& exec, T* a, int n, int lda, T* b, int ldb, void* scratch,
                              std::size_t bytes, int* info) {
     cusolver::cholesky_solve_inverse<T>(a, n, lda, b, ldb, scratch, bytes, info, exec.cuda_stream());
+  }
+  static std::size_t cholesky_factor_bytes(const Kokkos::Cuda& exec, int n, int lda) {
+    return cusolver::cholesky_solve_workspace<T>(n, lda, exec.cuda_stream());
+  }
+  static void cholesky_factor(const Kokkos::Cuda& exec, T* a, int n, int lda, void* scratch, std::size_t bytes,
+                              int* info) {
+    cusolver::cholesky_factor<T>(a, n, lda, scratch, bytes, info, exec.cuda_stream());
   }
   static std::size_t syevd_bytes(const Kokkos::Cuda& exec, int n, int lda) {
     return cusolver::syevd_workspace<T>(n, lda, exec.cuda_stream());

@@ -22,28 +22,37 @@
 namespace kdist {
 namespace impl {
 
-/// Backend dispatch for syrk (upper triangle, column-major). Host spaces call BLAS; the CUDA
+/// Backend dispatch for the BLAS 3 calls Kokkos Kernels lacks or takes no instance for, on
+/// upper triangles, column-major: syrk (C := alpha op(A) op(A)^T + beta C) and trsm (B := op(A)^-1
+/// B for side 'L', B op(A)^-1 for 'R', non-unit diagonal). Host spaces call BLAS; the CUDA
 /// specialisation calls cuBLAS on the instance's stream.
 template <class ExecSpace, class T, class Enable = void>
-struct Syrk {
-  static_assert(sizeof(T) == 0, "kdist::factor_product: no syrk backend for this execution space");
+struct Blas3 {
+  static_assert(sizeof(T) == 0, "kdist: no BLAS backend (syrk, trsm) for this execution space");
 };
 
 template <class ExecSpace, class T>
-struct Syrk<ExecSpace, T, std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
-  static void run(const ExecSpace& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
-                  int ldc) {
-    compat::fence(exec, "kdist::factor_product: before BLAS syrk");
+struct Blas3<ExecSpace, T, std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
+  static void syrk(const ExecSpace& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
+                   int ldc) {
+    compat::fence(exec, "kdist: before BLAS syrk");
     host::syrk<T>('U', trans, n, k, alpha, A, lda, beta, C, ldc);
+  }
+  static void trsm(const ExecSpace& exec, char side, char trans, int m, int n, const T* A, int lda, T* B, int ldb) {
+    compat::fence(exec, "kdist: before BLAS trsm");
+    host::trsm<T>(side, 'U', trans, m, n, T(1), A, lda, B, ldb);
   }
 };
 
 #if KDIST_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
 template <class T>
-struct Syrk<Kokkos::Cuda, T, void> {
-  static void run(const Kokkos::Cuda& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
-                  int ldc) {
+struct Blas3<Kokkos::Cuda, T, void> {
+  static void syrk(const Kokkos::Cuda& exec, char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C,
+                   int ldc) {
     cusolver::syrk<T>(trans, n, k, alpha, A, lda, beta, C, ldc, exec.cuda_stream());
+  }
+  static void trsm(const Kokkos::Cuda& exec, char side, char trans, int m, int n, const T* A, int lda, T* B, int ldb) {
+    cusolver::trsm<T>(side, trans, m, n, T(1), A, lda, B, ldb, exec.cuda_stream());
   }
 };
 #endif
@@ -126,11 +135,11 @@ void factor_product(const ExecSpace& exec, const XView& X, const AView& A, typen
     if (std::is_same<XLayout, Kokkos::LayoutLeft>::value) {
       // X is column-major rows x d: A = X^T X is syrk('T').
       const int lda = std::max<int>(1, static_cast<int>(X.stride(1)));
-      impl::Syrk<ExecSpace, T>::run(exec, 'T', d, rows, alpha, X.data(), std::max(lda, rows), beta, A.data(), ldc);
+      impl::Blas3<ExecSpace, T>::syrk(exec, 'T', d, rows, alpha, X.data(), std::max(lda, rows), beta, A.data(), ldc);
     } else {
       // X row-major is X^T column-major (d x rows): A = (X^T)(X^T)^T is syrk('N').
       const int lda = std::max<int>(std::max(1, d), static_cast<int>(X.stride(0)));
-      impl::Syrk<ExecSpace, T>::run(exec, 'N', d, rows, alpha, X.data(), lda, beta, A.data(), ldc);
+      impl::Blas3<ExecSpace, T>::syrk(exec, 'N', d, rows, alpha, X.data(), lda, beta, A.data(), ldc);
     }
   }
   if constexpr (!impl::runs_on_host<ExecSpace>()) {

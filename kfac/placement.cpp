@@ -66,7 +66,10 @@ Costs costs_of(const char* func, const std::vector<PlacementItem>& items, const 
   Costs c;
   for (std::size_t i = 0; i < items.size(); ++i) {
     check_dim(func, items[i].dim, "item " + std::to_string(i) + " '" + items[i].label + "'");
-    c.inv.push_back(models.inverse_time(items[i].dim));
+    if (!(items[i].work > 0 && items[i].work <= 1))
+      impl::throw_invalid(func, "item " + std::to_string(i) + " '" + items[i].label + "': work " +
+                                    std::to_string(items[i].work) + " is outside (0, 1]");
+    c.inv.push_back(models.inverse_time(items[i].dim, items[i].work));
     c.bc.push_back(models.broadcast_time(items[i].dim));
   }
   return c;
@@ -411,10 +414,10 @@ bool parse_placement(const std::string& text, PlacementKind* out) {
   return false;
 }
 
-double PlacementModels::inverse_time(int d) const {
+double PlacementModels::inverse_time(int d, double work) const {
   check_dim("kdist::kfac::PlacementModels::inverse_time", d, "factor");
   const double x = static_cast<double>(d);
-  return inverse.time(x * x * x);
+  return inverse.time(work * x * x * x);
 }
 
 double PlacementModels::broadcast_time(int d) const {

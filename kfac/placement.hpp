@@ -4,7 +4,8 @@
 //
 // Load model (the paper's): a CT factor (owner r >= 0) adds inverse(d) + broadcast(d) to rank r's
 // load; an NCT factor (owner -1) is inverted on every rank, adds inverse(d) to all, and is not sent.
-// inverse(d) = models.inverse(d^3); broadcast(d) = models.broadcast(packed_size(d) * element_bytes).
+// inverse(d) = models.inverse(work d^3) (work 1, or 1/3 for a Cholesky factor alone); broadcast(d) =
+// models.broadcast(packed_size(d) * element_bytes).
 // The plan's modelled time is the makespan, max over ranks of the load.
 //   lbp         Algorithm 1: largest dimension first (ties by input index); NCT iff inverse < broadcast,
 //               else CT on the least-loaded rank so far (ties: lowest rank).
@@ -42,17 +43,24 @@ const char* to_string(PlacementKind kind);
 /// Parses to_string()'s spelling; returns false (and leaves *out) for anything else.
 bool parse_placement(const std::string& text, PlacementKind* out);
 
+/// PlacementItem::work of a factor kept as its Cholesky factor: potrf's n^3/3 flops of potrf +
+/// potri's n^3 (OpenBLAS, one core, d = 1569: 20.9 against 54.2 ms).
+constexpr double kCholeskyFactorWork = 1.0 / 3.0;
+
 /// One Kronecker factor (A or G of a layer).
 struct PlacementItem {
   std::string label;
   int dim = 0;
+  /// The share of potrf + potri's d^3 flops the owner spends: 1, or 1/3 for a factor kept as its
+  /// Cholesky factor (potrf alone, Options::cholesky_solves).
+  double work = 1.0;
 };
 
 struct PlacementModels {
-  CostModel inverse;              ///< seconds for x = d^3
-  CostModel broadcast;            ///< seconds for x = bytes on P ranks
-  std::size_t element_bytes = 4;  ///< the inverse travels as a packed upper triangle
-  double inverse_time(int d) const;
+  CostModel inverse;                                    ///< seconds for x = d^3
+  CostModel broadcast;                                  ///< seconds for x = bytes on P ranks
+  std::size_t element_bytes = 4;                        ///< the inverse travels as a packed upper triangle
+  double inverse_time(int d, double work = 1.0) const;  ///< models.inverse(work d^3)
   double broadcast_time(int d) const;
   /// Inverse: CostKey{spd_inverse, float64, 1, "local"}; broadcast: CostKey{broadcast, dtype, ranks,
   /// "world"}; element_bytes = size_of(dtype). Calibrated entries, else CostModelStore's defaults.

@@ -39,6 +39,7 @@
 #include <kdist/comm/engine.hpp>
 #include <kdist/comm/fused_allreducer.hpp>
 #include <kdist/comm/outcome.hpp>
+#include <kdist/core/cholesky.hpp>
 #include <kdist/core/cost_model.hpp>
 #include <kdist/core/dtype.hpp>
 #include <kdist/core/error.hpp>
@@ -149,7 +150,10 @@ class Preconditioner {
   /// Factor f's running average, full symmetric: a copy (kdist keeps the upper triangle only).
   /// f outside [0, factors()) is an InvalidArgument here (a local query: the Engine is not told).
   Matrix factor(int f) const;
+  /// Factor f's (F + damping I)^-1 from the last inverse step, or, where holds_cholesky(f), its
+  /// upper Cholesky factor R (R^T R = F + damping I; the lower triangle unspecified).
   const Matrix& inverse(int f) const { return checked_slot("kdist::kfac::Preconditioner::inverse", f).inverse; }
+  bool holds_cholesky(int f) const { return checked_slot("kdist::kfac::Preconditioner::holds_cholesky", f).cholesky; }
   comm::Engine& engine() noexcept { return engine_; }
 
  private:
@@ -206,6 +210,8 @@ class Preconditioner {
   bool split() const noexcept {
     return options_.split_preconditioning && options_.gradients == Gradients::averaged && engine_.size() > 1;
   }
+  /// Whether layer l's factor A (is_a) or G is kept as its Cholesky factor (Options::cholesky_solves).
+  bool keeps_cholesky(int l, bool is_a) const;
   /// Empty when gradient g fits layer l, else the message.
   std::string check_gradient(int l, const Gradient& g) const;
   void maybe_replan();
@@ -222,6 +228,11 @@ class Preconditioner {
     std::string origin;
   };
   impl::StateShape state_shape() const;
+  /// Per factor: 1 where `inverse` holds the Cholesky factor, 0 where the inverse (the state's).
+  std::vector<int> inverse_forms() const;
+  /// Converts each saved inverse whose form (`saved`, per factor; empty: all inverses) is not this
+  /// run's; returns how many.
+  int convert_inverse_forms(const std::vector<int>& saved);
   Restore stage(const StateReader& in, const std::string& prefix) const;
   void commit(Restore&& restore);
 

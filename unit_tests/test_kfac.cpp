@@ -48,6 +48,14 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     o.placement = PlacementKind::channel;
     variants.push_back({"channel placement", o});
   }
+  // The default keeps the factors applied whole as Cholesky factors (the next test cases); these
+  // invert every factor, split and not split.
+  for (const bool split : {true, false}) {
+    Options o = base_options();
+    o.cholesky_solves = false;
+    o.split_preconditioning = split;
+    variants.push_back({split ? "every factor inverted" : "every factor inverted, preconditioning on every rank", o});
+  }
   // Inverses costed high: every factor CT at P > 1 (the default models make them all NCT here).
   for (PlacementKind kind : {PlacementKind::lbp, PlacementKind::channel, PlacementKind::optimal}) {
     Options o = base_options();
@@ -135,6 +143,32 @@ TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does le
   comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
   Preconditioner<double, TestMem> kfac(kfac_engine, network(), base_options());
   CHECK_THAT(kfac.describe(), Catch::Contains("blocks of 7 inputs") && Catch::Contains("blocks of 2 outputs"));
+}
+
+// Which factors are kept as R: at 1 rank (nothing split) all; at 2-4 ranks A where a layer is split
+// over outputs and G where it is split over inputs (the splits: the test case above); none without
+// cholesky_solves or with the eigen method. The CT variant's placement models those factors' work as
+// potrf's.
+TEST_CASE("kfac: the factors applied whole are kept as Cholesky factors", "[kfac]") {
+  const auto forms = [](const Options& o) {
+    comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> kfac(kfac_engine, network(), o);
+    std::vector<int> held;
+    for (int f = 0; f < kfac.factors(); ++f) held.push_back(kfac.holds_cholesky(f) ? 1 : 0);
+    return held;
+  };
+  // Factors in reduction order: A0 (the convolution), A1, A2, G2, G1, G0.
+  const std::vector<int> every = {1, 1, 1, 1, 1, 1}, none = {0, 0, 0, 0, 0, 0};
+  const std::vector<std::vector<int>> by_ranks = {every, {0, 1, 0, 1, 0, 1}, {1, 0, 1, 0, 1, 0}, {0, 1, 0, 1, 0, 1}};
+  const int P = world_size();
+  if (P <= 4) CHECK(forms(base_options()) == by_ranks[static_cast<std::size_t>(P - 1)]);
+  Options whole = base_options(), off = base_options(), eigen = base_options();
+  whole.split_preconditioning = false;
+  off.cholesky_solves = false;
+  eigen.inverse_method = InverseMethod::eigen;
+  CHECK(forms(whole) == every);
+  CHECK(forms(off) == none);
+  CHECK(forms(eigen) == none);
 }
 
 TEST_CASE("kfac: per-rank gradients (Adasum) are each preconditioned whole, with their own KL clip", "[kfac]") {

@@ -350,7 +350,8 @@ TEST_CASE("placement: kind names, models from a store, bad inputs", "[kfac][plac
   kdist::CostModelStore store;
   const PlacementModels defaults = PlacementModels::from_store(store, kdist::DType::float32, 4);
   CHECK(defaults.element_bytes == 4);
-  CHECK(defaults.inverse_time(1000) == Approx(0.1));  // 1e9 flops at 10 GFLOP/s
+  CHECK(defaults.inverse_time(1000) == Approx(0.1));                                        // 1e9 flops at 10 GFLOP/s
+  CHECK(defaults.inverse_time(1000, kdist::kfac::kCholeskyFactorWork) == Approx(0.1 / 3));  // potrf alone
   CHECK(defaults.broadcast_time(1000) == Approx(20e-6 + 500500.0 * 4 / 5e9));
   store.set({kdist::CostOp::broadcast, kdist::DType::float64, 4, "world"}, CostModel::linear(1.0, 0.0));
   store.set({kdist::CostOp::broadcast, kdist::DType::float64, 2, "world"}, CostModel::linear(2.0, 0.0));
@@ -368,6 +369,13 @@ TEST_CASE("placement: kind names, models from a store, bad inputs", "[kfac][plac
   CHECK_THROWS_WITH(place({{"conv1.A", 0}}, defaults, 2, PlacementKind::lbp),
                     Contains("'conv1.A'") && Contains("got 0"));
   CHECK_THROWS_WITH(placement_time({{"x", -3}}, defaults, 2, {-1}), Contains("got -3"));
+  // A factor's modelled work is its inverse's share in (0, 1]: a Cholesky factor costs a third.
+  CHECK_THROWS_WITH(place({{"fc1.A", 10, 0.0}}, defaults, 2, PlacementKind::lbp),
+                    Contains("'fc1.A'") && Contains("work 0.0") && Contains("(0, 1]"));
+  CHECK_THROWS_WITH(placement_time({{"x", 10, 1.5}}, defaults, 2, {-1}), Contains("work 1.5"));
+  std::vector<double> load;
+  CHECK(placement_time({{"a", 1000, kdist::kfac::kCholeskyFactorWork}, {"b", 1000}}, defaults, 1, {-1, -1}, &load) ==
+        Approx(0.1 / 3 + 0.1));
   CHECK_THROWS_WITH(placement_time(items, defaults, 2, {0, 2}), Contains("owner[1] = 2"));
   CHECK_THROWS_WITH(placement_time(items, defaults, 2, {-2, 0}), Contains("owner[0] = -2"));
   CHECK_THROWS_WITH(placement_time(items, defaults, 2, {0}), Contains("1 entries for 2 items"));

@@ -19,6 +19,7 @@
   } while (0)
 #define KDIST_CUSOLVER_CHECK(expr) KDIST_CUDA_STATUS_CHECK("cuSOLVER", expr, CUSOLVER_STATUS_SUCCESS)
 #define KDIST_CUBLAS_CHECK(expr) KDIST_CUDA_STATUS_CHECK("cuBLAS", expr, CUBLAS_STATUS_SUCCESS)
+#define KDIST_CUDA_CHECK(expr) KDIST_CUDA_STATUS_CHECK("CUDA", expr, cudaSuccess)
 
 namespace kdist {
 namespace impl {
@@ -126,6 +127,15 @@ cublasStatus_t syrk_run(cublasHandle_t h, cublasOperation_t op, int n, int k, co
   return cublasDsyrk(h, upper(), op, n, k, alpha, A, lda, beta, C, ldc);
 }
 
+cublasStatus_t trsm_run(cublasHandle_t h, cublasSideMode_t side, cublasOperation_t op, int m, int n, const float* alpha,
+                        const float* A, int lda, float* B, int ldb) {
+  return cublasStrsm(h, side, upper(), op, CUBLAS_DIAG_NON_UNIT, m, n, alpha, A, lda, B, ldb);
+}
+cublasStatus_t trsm_run(cublasHandle_t h, cublasSideMode_t side, cublasOperation_t op, int m, int n,
+                        const double* alpha, const double* A, int lda, double* B, int ldb) {
+  return cublasDtrsm(h, side, upper(), op, CUBLAS_DIAG_NON_UNIT, m, n, alpha, A, lda, B, ldb);
+}
+
 }  // namespace
 
 template <class T>
@@ -166,6 +176,15 @@ void cholesky_solve_inverse(T* A, int n, int lda, T* B, int ldb, void* workspace
 }
 
 template <class T>
+void cholesky_factor(T* A, int n, int lda, void* workspace, std::size_t bytes, int* dev_info, cudaStream_t stream) {
+  check_workspace(bytes, cholesky_solve_workspace<T>(n, lda, stream), "kdist::cusolver::cholesky_factor");
+  const BoundSolver s(stream);
+  KDIST_CUDA_CHECK(cudaMemsetAsync(dev_info + 1, 0, sizeof(int), stream));
+  KDIST_CUSOLVER_CHECK(
+      potrf(s.get(), n, A, lda, static_cast<T*>(workspace), static_cast<int>(bytes / sizeof(T)), dev_info));
+}
+
+template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream) {
   const BoundSolver s(stream);
   int lw = 0;
@@ -190,6 +209,16 @@ void syrk(char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C, 
   KDIST_CUBLAS_CHECK(syrk_run(h.blas, op, n, k, &alpha, A, lda, &beta, C, ldc));
 }
 
+template <class T>
+void trsm(char side, char transa, int m, int n, T alpha, const T* A, int lda, T* B, int ldb, cudaStream_t stream) {
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  KDIST_CUBLAS_CHECK(cublasSetStream(h.blas, stream));
+  const cublasSideMode_t sm = (side == 'R' || side == 'r') ? CUBLAS_SIDE_RIGHT : CUBLAS_SIDE_LEFT;
+  const cublasOperation_t op = (transa == 'T' || transa == 't') ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KDIST_CUBLAS_CHECK(trsm_run(h.blas, sm, op, m, n, &alpha, A, lda, B, ldb));
+}
+
 #define KDIST_INSTANTIATE_CUSOLVER(T)                                                                     \
   template std::size_t cholesky_inverse_workspace<T>(int, int, cudaStream_t);                             \
   template void cholesky_inverse<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t);                \
@@ -197,7 +226,9 @@ void syrk(char trans, int n, int k, T alpha, const T* A, int lda, T beta, T* C, 
   template void cholesky_solve_inverse<T>(T*, int, int, T*, int, void*, std::size_t, int*, cudaStream_t); \
   template std::size_t syevd_workspace<T>(int, int, cudaStream_t);                                        \
   template void syevd<T>(T*, int, int, T*, void*, std::size_t, int*, cudaStream_t);                       \
-  template void syrk<T>(char, int, int, T, const T*, int, T, T*, int, cudaStream_t);
+  template void cholesky_factor<T>(T*, int, int, void*, std::size_t, int*, cudaStream_t);                 \
+  template void syrk<T>(char, int, int, T, const T*, int, T, T*, int, cudaStream_t);                      \
+  template void trsm<T>(char, char, int, int, T, const T*, int, T*, int, cudaStream_t);
 KDIST_INSTANTIATE_CUSOLVER(float)
 KDIST_INSTANTIATE_CUSOLVER(double)
 #undef KDIST_INSTANTIATE_CUSOLVER

@@ -45,6 +45,18 @@ template <class T>
 void cholesky_solve_inverse(T* A, int n, int lda, T* B, int ldb, void* workspace, std::size_t workspace_bytes,
                             int* dev_info, cudaStream_t stream);
 
+/// In place: A (upper triangle, column-major) := R, its Cholesky factor (A = R^T R), by potrf
+/// alone; dev_info[0] := potrf's info, dev_info[1] := 0. Workspace: cholesky_solve_workspace's.
+/// Enqueued on `stream`.
+template <class T>
+void cholesky_factor(T* A, int n, int lda, void* workspace, std::size_t workspace_bytes, int* dev_info,
+                     cudaStream_t stream);
+
+/// B := alpha op(A)^-1 B (side 'L') or alpha B op(A)^-1 (side 'R'), A upper triangular with a
+/// non-unit diagonal, op = A ('N') or A^T ('T'), B m x n; cuBLAS on `stream`. Async.
+template <class T>
+void trsm(char side, char transa, int m, int n, T alpha, const T* A, int lda, T* B, int ldb, cudaStream_t stream);
+
 /// Bytes of device workspace syevd needs (eigenvalues and eigenvectors, upper triangle).
 template <class T>
 std::size_t syevd_workspace(int n, int lda, cudaStream_t stream);

@@ -5,7 +5,7 @@
 //   in the set is refused as CLI::IsMember refuses ("--model: foo not in {mlp,cnn}"), a number is
 //   refused like any other word, and --help shows the names and the default's name.
 // - add_kfac_options(): --strategy, --damping, --factor-decay, --kl-clip, --factor-every,
-//   --inverse-every and --replicated-precondition, parsed straight into a kdist::kfac::Options
+//   --inverse-every, --replicated-precondition and --invert-every-factor, parsed straight into a kdist::kfac::Options
 //   that starts from kfac_job_defaults() (the jobs' tuned values, not the library's).
 // - Schedule, add_schedule_option() and learning_rate(): --lr-schedule constant or cosine, the
 //   rate at the fraction of all steps taken (from epoch and step, so a resumed run follows the
@@ -89,6 +89,10 @@ inline void add_kfac_options(CLI::App& app, kdist::kfac::Options& o) {
       "--replicated-precondition", [&o] { o.split_preconditioning = false; },
       "K-FAC: every rank preconditions every layer (default: each rank a block of every layer's outputs "
       "or inputs, all-gathered)");
+  app.add_flag_callback(
+      "--invert-every-factor", [&o] { o.cholesky_solves = false; },
+      "K-FAC: invert every factor, as kfac-pytorch does (default: keep the Cholesky factor of those "
+      "applied to whole columns, and apply it by two triangular solves)");
 }
 
 enum class Schedule { constant, cosine };

@@ -184,7 +184,7 @@ void conv2d_a_factor_by_shifts(const ExecSpace& exec, const Layer& layer, const 
   for (const ShiftSegment& s : shift_segments(g)) {
     const int first = s.first * row_step, count = (s.last - s.first) * row_step;
     if (s.shift == 0) {
-      kdist::impl::Syrk<ExecSpace, T>::run(exec, 'T', m, count, T(1), Y.data() + first, yrows, T(0), Tm.data(), m);
+      kdist::impl::Blas3<ExecSpace, T>::syrk(exec, 'T', m, count, T(1), Y.data() + first, yrows, T(0), Tm.data(), m);
     } else {
       const int second = first + s.shift * row_step;
       kdist::gemm(exec, "T", "N", T(1), Kokkos::subview(Y, Range(first, first + count), Kokkos::ALL()),

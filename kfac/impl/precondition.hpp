@@ -31,8 +31,9 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
     slot.running = Matrix("kdist::kfac::" + slot.label, d, d);
     slot.pending = Matrix("kdist::kfac::pending_" + slot.label, d, d);
     slot.inverse = Matrix("kdist::kfac::inverse_" + slot.label, d, d);
+    slot.cholesky = keeps_cholesky(is_a ? f : 2 * L - 1 - f, is_a);
     impl::fill_identity(execution_space(), slot.running);
-    items.push_back({slot.label, d});
+    items.push_back({slot.label, d, slot.cholesky ? kCholeskyFactorWork : 1.0});
     tensors.push_back({slot.label, static_cast<std::size_t>(d), true, true});  // kdist reads the upper triangle
     factor_slots_.push_back(std::move(slot));
   }
@@ -62,6 +63,18 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   }
   replan_after_ = options_.profile_steps;
   Kokkos::fence();
+}
+
+// A factor can be kept as its Cholesky factor R where the preconditioning applies its inverse to
+// whole columns (precondition, precondition_block): A unless the layer is split over inputs (then
+// each rank multiplies by a column block of A^-1), G unless it is split over outputs.
+template <class T, class M>
+bool Preconditioner<T, M>::keeps_cholesky(int l, bool is_a) const {
+  if (!options_.cholesky_solves || options_.inverse_method != InverseMethod::cholesky) return false;
+  if (!split()) return true;
+  const Layer& owner = layer(l);
+  const SplitAxis axis = precondition_split(owner.a_dim(), owner.g_dim(), engine_.size()).axis;
+  return is_a ? axis == SplitAxis::outputs : axis == SplitAxis::inputs;
 }
 
 // The running factors are kept as upper triangles (everything that reads them, the next blend,
@@ -215,7 +228,10 @@ void Preconditioner<T, M>::invert(const execution_space& exec, int f) {
   const double t0 = Clock::local_now();
   FactorSlot& slot = factor_slot(f);
   try {
-    spd_inverse(exec, slot.running, options_.damping, slot.inverse, inverse_ws_, options_.inverse_method);
+    if (slot.cholesky)
+      cholesky_factor(exec, slot.running, options_.damping, slot.inverse, inverse_ws_);
+    else
+      spd_inverse(exec, slot.running, options_.damping, slot.inverse, inverse_ws_, options_.inverse_method);
   } catch (const NumericalError& e) {
     raise(NumericalError(
         e.operation() + " on K-FAC factor " + slot.label + " (rank " + std::to_string(engine_.rank()) + ")", e.dim(),
@@ -280,10 +296,17 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
       gathers.push_back(precondition_block(exec, l));
       continue;
     }
+    const FactorSlot &A = factor_slot(a_index(l)), &G = factor_slot(g_index(l));
+    if (A.cholesky && G.cholesky) {  // Vᵀ := Wᵀ, then Vᵀ G^-1, then A^-1 Vᵀ, in place
+      Kokkos::deep_copy(exec, preconditioned(l), slot.gradient);
+      cholesky_solve_right(exec, preconditioned(l), G.inverse);
+      cholesky_solve_left(exec, A.inverse, preconditioned(l));
+      continue;
+    }
     // R := Wᵀ G^-1 in the scratch, then Vᵀ := A^-1 R.
     const Matrix R = scratch_matrix(slot.layer.a_dim(), slot.layer.outputs());
-    gemm(exec, "N", "N", T(1), slot.gradient, factor_slot(g_index(l)).inverse, T(0), R);
-    gemm(exec, "N", "N", T(1), factor_slot(a_index(l)).inverse, R, T(0), preconditioned(l));
+    gemm(exec, "N", "N", T(1), slot.gradient, G.inverse, T(0), R);
+    gemm(exec, "N", "N", T(1), A.inverse, R, T(0), preconditioned(l));
   }
   for (comm::Request& r : gathers) r.wait();
   for (int l = 0; l < layers() && split(); ++l) {
@@ -323,17 +346,24 @@ comm::Request Preconditioner<T, M>::precondition_block(const execution_space& ex
   const int a = slot.layer.a_dim(), g = slot.layer.g_dim(), width = slot.split.block;
   const int extent = by_inputs ? a : g, b0 = std::min(extent, engine_.rank() * width),
             b1 = std::min(extent, b0 + width);
-  const Matrix &A_inverse = factor_slot(a_index(l)).inverse, &G_inverse = factor_slot(g_index(l)).inverse;
+  const FactorSlot &A = factor_slot(a_index(l)), &G = factor_slot(g_index(l));
   const auto block = std::make_pair(b0, b1);
-  if (b1 > b0 && by_inputs) {
-    const Matrix S = scratch_matrix(b1 - b0, g);
-    gemm(exec, "T", "N", T(1), Kokkos::subview(A_inverse, Kokkos::ALL, block), slot.gradient, T(0), S);
-    gemm(exec, "N", "N", T(1), S, G_inverse, T(0), Matrix(slot.block.data(), b1 - b0, g));
-  } else if (b1 > b0) {
-    const Matrix R = scratch_matrix(a, b1 - b0);
-    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(G_inverse, Kokkos::ALL, block), T(0), R);
-    gemm(exec, "N", "N", T(1), A_inverse, R, T(0),
-         Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, b1 - b0)));
+  if (b1 > b0 && by_inputs) {  // A^-1's columns are needed here: A is an inverse, G may be R
+    const Matrix out(slot.block.data(), b1 - b0, g);
+    const Matrix S = G.cholesky ? out : scratch_matrix(b1 - b0, g);
+    gemm(exec, "T", "N", T(1), Kokkos::subview(A.inverse, Kokkos::ALL, block), slot.gradient, T(0), S);
+    if (G.cholesky)
+      cholesky_solve_right(exec, out, G.inverse);
+    else
+      gemm(exec, "N", "N", T(1), S, G.inverse, T(0), out);
+  } else if (b1 > b0) {  // G^-1's columns are needed here: G is an inverse, A may be R
+    const auto out = Kokkos::subview(slot.block, Kokkos::ALL, std::make_pair(0, b1 - b0));
+    const Matrix R = A.cholesky ? Matrix(slot.block.data(), a, b1 - b0) : scratch_matrix(a, b1 - b0);
+    gemm(exec, "N", "N", T(1), slot.gradient, Kokkos::subview(G.inverse, Kokkos::ALL, block), T(0), R);
+    if (A.cholesky)
+      cholesky_solve_left(exec, A.inverse, R);
+    else
+      gemm(exec, "N", "N", T(1), A.inverse, R, T(0), out);
   }
   return engine_.allgather(exec, Vector(slot.block.data(), slot.block.size()),
                            by_inputs ? slot.gathered : Vector(slot.result.data(), slot.result.size()),

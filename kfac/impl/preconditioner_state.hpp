@@ -28,6 +28,43 @@ impl::StateShape Preconditioner<T, M>::state_shape() const {
 }
 
 template <class T, class M>
+std::vector<int> Preconditioner<T, M>::inverse_forms() const {
+  std::vector<int> forms;
+  for (const FactorSlot& slot : factor_slots_) forms.push_back(slot.cholesky ? 1 : 0);
+  return forms;
+}
+
+// A state saved at another rank count (other splits) or with cholesky_solves switched may hold a
+// factor's inverse where this run keeps its Cholesky factor R, or the reverse. Converted here, to
+// rounding, rather than made again: the next steps then use the saved inverses, as they would
+// have, at any rank count. R to the inverse: the identity solved against R. The inverse to R:
+// inverted back to F + damping I, then factored.
+template <class T, class M>
+int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved) {
+  const execution_space exec;
+  int converted = 0;
+  for (int f = 0; f < factors(); ++f) {
+    FactorSlot& slot = factor_slot(f);
+    const bool was_cholesky = !saved.empty() && saved[static_cast<std::size_t>(f)] == 1;
+    if (was_cholesky == slot.cholesky) continue;
+    const int d = static_cast<int>(slot.inverse.extent(0));
+    Matrix other("kdist::kfac::converted_" + slot.label, d, d);  // zeros: fill_identity sets the diagonal
+    if (was_cholesky) {
+      impl::fill_identity(exec, other);
+      cholesky_solve_left(exec, slot.inverse, other);
+      mirror_upper_to_lower(exec, other);
+      Kokkos::deep_copy(exec, slot.inverse, other);
+    } else {
+      spd_inverse(exec, slot.inverse, 0.0, other, inverse_ws_);
+      cholesky_factor(exec, other, 0.0, slot.inverse, inverse_ws_);
+    }
+    ++converted;
+  }
+  compat::fence(exec, "kdist::kfac: inverses converted");
+  return converted;
+}
+
+template <class T, class M>
 void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) const {
   require_between_steps("save");
   impl::StateCounters counters;
@@ -40,6 +77,7 @@ void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) 
   counters.options = impl::saved_options(options_);
   counters.switches = impl::switches_text(switches_);
   counters.inverse_method = to_string(options_.inverse_method);
+  counters.inverse_forms = inverse_forms();
   impl::write_state_fields(out, prefix, state_shape(), counters);
   for (int f = 0; f < factors(); ++f)
     for (const bool inverse : {false, true}) {
@@ -77,10 +115,14 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   // This run's options apply: inverses made with another damping or method are made again at the
   // next step, as they would have been on a step divisible by inverse_every.
   have_inverses_ = c.have_inverses && !impl::inverses_differ(c, options_);
+  const int converted = have_inverses_ ? convert_inverse_forms(c.inverse_forms) : 0;
   const std::string changed = impl::option_differences(c, options_);
   const std::string at = r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) +
                          " rank(s)" + (changed.empty() ? "" : "; saved with " + changed) + ")" +
-                         (c.have_inverses && !have_inverses_ ? ", its inverses made again at the next step" : "");
+                         (c.have_inverses && !have_inverses_ ? ", its inverses made again at the next step" : "") +
+                         (converted > 0 ? ", " + std::to_string(converted) +
+                                              " inverse(s) converted to or from a Cholesky factor for this run"
+                                        : "");
   if (c.ranks != engine_.size()) {
     replan_after_ = c.replan_after < 0 ? factor_steps_ : c.replan_after;
     restored_ = "restored from " + at + ": placement, preconditioning split and fusion plan made for " +

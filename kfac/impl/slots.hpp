@@ -17,11 +17,12 @@ template <class T, class MemorySpace>
 struct FactorSlot {
   using Matrix = Kokkos::View<T**, Kokkos::LayoutLeft, MemorySpace>;
   using Vector = Kokkos::View<T*, MemorySpace>;
-  std::string label;  ///< "A0", "G3": the fusion tensor's and the placement item's label
-  Matrix running;     ///< the running average, identical on every rank (identity at start)
-  Matrix pending;     ///< this factor step's blend, all-reduced, then swapped with `running`
-  Matrix inverse;     ///< (running + damping I)^-1, from the last inverse step
-  Vector packed;      ///< CT: the broadcast's packed upper triangle; NCT: empty
+  std::string label;      ///< "A0", "G3": the fusion tensor's and the placement item's label
+  Matrix running;         ///< the running average, identical on every rank (identity at start)
+  Matrix pending;         ///< this factor step's blend, all-reduced, then swapped with `running`
+  Matrix inverse;         ///< (running + damping I)^-1 from the last inverse step, or its Cholesky factor R
+  bool cholesky = false;  ///< `inverse` holds R (Options::cholesky_solves), applied by two solves
+  Vector packed;          ///< CT: the broadcast's packed upper triangle; NCT: empty
 };
 
 /// One layer: its description, the gradient as one matrix and its preconditioned result.

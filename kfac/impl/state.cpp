@@ -83,6 +83,7 @@ void write_state_fields(StateWriter& out, const std::string& p, const StateShape
   for (const auto& [name, value] : c.options) out.set(p + "options." + name, value);
   out.set(p + "switches", c.switches);
   out.set(p + "options.inverse_method", c.inverse_method);
+  out.set(p + "inverse_forms", widen(c.inverse_forms));
 }
 
 StateCounters read_state_fields(const StateReader& in, const std::string& p, const StateShape& shape) {
@@ -104,6 +105,12 @@ StateCounters read_state_fields(const StateReader& in, const std::string& p, con
     c.options.push_back({name, in.real(p + "options." + name)});
   if (in.has(p + "switches")) c.switches = in.text(p + "switches");
   if (in.has(p + "options.inverse_method")) c.inverse_method = in.text(p + "options.inverse_method");
+  if (in.has(p + "inverse_forms")) {
+    c.inverse_forms = ints_in(in, p + "inverse_forms", 0, 1);
+    if (c.inverse_forms.size() != shape.dims.size())
+      in.refuse(p + "inverse_forms", std::to_string(c.inverse_forms.size()) + " forms for " +
+                                         std::to_string(shape.dims.size()) + " factors");
+  }
   if (c.ranks != shape.ranks) return c;  // another rank count: this run keeps its own plans
   const int factors = static_cast<int>(shape.dims.size());
   c.owners = ints_in(in, p + "owners", -1, shape.ranks - 1);

@@ -3,6 +3,7 @@
 //
 //   <prefix>dtype, layers (describe() per layer), dims (per factor), ranks (P when saved),
 //   step, factor_steps, replan_after, have_inverses, owners (per factor, -1: NCT), fusion_groups,
+//   inverse_forms (per factor, 1: the inverse section holds the Cholesky factor),
 //   options.<name> (damping, factor_decay, factor_every, inverse_every, kl_clip, lr: what it ran with)
 //   sections <prefix>factor.<label> and <prefix>inverse.<label>: d x d, column-major
 //
@@ -42,6 +43,9 @@ struct StateCounters {
   std::string switches;
   /// Its inverse method ("cholesky", "eigen"); "" in a state from before it was saved.
   std::string inverse_method;
+  /// Per factor: 1 where its inverse section holds the Cholesky factor R (Options::cholesky_solves),
+  /// 0 where it holds the inverse; empty in a state from before it was saved (every one an inverse).
+  std::vector<int> inverse_forms;
 };
 
 /// "pipelined yes, planner optimal, placement lbp": what decides the plans a state keeps.
