@@ -226,13 +226,15 @@ class Preconditioner {
     impl::StateCounters counters;
     std::vector<typename Matrix::HostMirror> factors, inverses;
     std::string origin;
+    bool keep_inverses = false;  ///< the saved inverses serve this run (same damping and method)
+    int converted = 0;           ///< of them, converted to this run's form (convert_inverse_forms)
   };
   impl::StateShape state_shape() const;
   /// Per factor: 1 where `inverse` holds the Cholesky factor, 0 where the inverse (the state's).
   std::vector<int> inverse_forms() const;
-  /// Converts each saved inverse whose form (`saved`, per factor; empty: all inverses) is not this
-  /// run's; returns how many.
-  int convert_inverse_forms(const std::vector<int>& saved);
+  /// Converts each of `inverses` (host copies, a state's) whose form (`saved`, per factor; empty:
+  /// all inverses) is not this run's, on the host; returns how many.
+  int convert_inverse_forms(const std::vector<int>& saved, std::vector<typename Matrix::HostMirror>& inverses) const;
   Restore stage(const StateReader& in, const std::string& prefix) const;
   void commit(Restore&& restore);
 

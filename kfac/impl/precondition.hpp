@@ -296,17 +296,21 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
       gathers.push_back(precondition_block(exec, l));
       continue;
     }
+    // R := Wᵀ G^-1, then Vᵀ := A^-1 R; R is Vᵀ itself where A is kept as R_A (solved in place),
+    // else the scratch. With cholesky_solves both factors are kept so here (nothing is split).
     const FactorSlot &A = factor_slot(a_index(l)), &G = factor_slot(g_index(l));
-    if (A.cholesky && G.cholesky) {  // Vᵀ := Wᵀ, then Vᵀ G^-1, then A^-1 Vᵀ, in place
-      Kokkos::deep_copy(exec, preconditioned(l), slot.gradient);
-      cholesky_solve_right(exec, preconditioned(l), G.inverse);
-      cholesky_solve_left(exec, A.inverse, preconditioned(l));
-      continue;
+    const Matrix out = preconditioned(l);
+    const Matrix R = A.cholesky ? out : scratch_matrix(slot.layer.a_dim(), slot.layer.outputs());
+    if (G.cholesky) {
+      Kokkos::deep_copy(exec, R, slot.gradient);
+      cholesky_solve_right(exec, R, G.inverse);
+    } else {
+      gemm(exec, "N", "N", T(1), slot.gradient, G.inverse, T(0), R);
     }
-    // R := Wᵀ G^-1 in the scratch, then Vᵀ := A^-1 R.
-    const Matrix R = scratch_matrix(slot.layer.a_dim(), slot.layer.outputs());
-    gemm(exec, "N", "N", T(1), slot.gradient, G.inverse, T(0), R);
-    gemm(exec, "N", "N", T(1), A.inverse, R, T(0), preconditioned(l));
+    if (A.cholesky)
+      cholesky_solve_left(exec, A.inverse, R);
+    else
+      gemm(exec, "N", "N", T(1), A.inverse, R, T(0), out);
   }
   for (comm::Request& r : gathers) r.wait();
   for (int l = 0; l < layers() && split(); ++l) {

@@ -35,32 +35,37 @@ std::vector<int> Preconditioner<T, M>::inverse_forms() const {
 }
 
 // A state saved at another rank count (other splits) or with cholesky_solves switched may hold a
-// factor's inverse where this run keeps its Cholesky factor R, or the reverse. Converted here, to
+// factor's inverse where this run keeps its Cholesky factor R, or the reverse. Converted while the
+// state is staged (a failure is then every rank's, before anything changed), on the host, to
 // rounding, rather than made again: the next steps then use the saved inverses, as they would
 // have, at any rank count. R to the inverse: the identity solved against R. The inverse to R:
 // inverted back to F + damping I, then factored.
 template <class T, class M>
-int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved) {
-  const execution_space exec;
+int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved,
+                                                std::vector<typename Matrix::HostMirror>& inverses) const {
+  using HostMatrix = typename Matrix::HostMirror;
+  const Kokkos::DefaultHostExecutionSpace host;
+  InverseWorkspace<T, Kokkos::HostSpace> workspace;
   int converted = 0;
   for (int f = 0; f < factors(); ++f) {
-    FactorSlot& slot = factor_slot(f);
+    const FactorSlot& slot = factor_slot(f);
     const bool was_cholesky = !saved.empty() && saved[static_cast<std::size_t>(f)] == 1;
     if (was_cholesky == slot.cholesky) continue;
-    const int d = static_cast<int>(slot.inverse.extent(0));
-    Matrix other("kdist::kfac::converted_" + slot.label, d, d);  // zeros: fill_identity sets the diagonal
+    HostMatrix& kept = inverses[static_cast<std::size_t>(f)];
+    const int d = static_cast<int>(kept.extent(0));
+    HostMatrix other("kdist::kfac::converted_" + slot.label, d, d);  // zeros: fill_identity sets the diagonal
     if (was_cholesky) {
-      impl::fill_identity(exec, other);
-      cholesky_solve_left(exec, slot.inverse, other);
-      mirror_upper_to_lower(exec, other);
-      Kokkos::deep_copy(exec, slot.inverse, other);
+      impl::fill_identity(host, other);
+      cholesky_solve_left(host, kept, other);
+      mirror_upper_to_lower(host, other);
+      kept = other;
     } else {
-      spd_inverse(exec, slot.inverse, 0.0, other, inverse_ws_);
-      cholesky_factor(exec, other, 0.0, slot.inverse, inverse_ws_);
+      spd_inverse(host, kept, 0.0, other, workspace);
+      cholesky_factor(host, other, 0.0, kept, workspace);
     }
     ++converted;
   }
-  compat::fence(exec, "kdist::kfac: inverses converted");
+  host.fence();
   return converted;
 }
 
@@ -100,6 +105,10 @@ typename Preconditioner<T, M>::Restore Preconditioner<T, M>::stage(const StateRe
       (inverse ? r.inverses : r.factors).push_back(host);
     }
   r.origin = in.path();
+  // This run's options apply: inverses made with another damping or method are made again at the
+  // next step, as they would have been on a step divisible by inverse_every.
+  r.keep_inverses = r.counters.have_inverses && !impl::inverses_differ(r.counters, options_);
+  if (r.keep_inverses) r.converted = convert_inverse_forms(r.counters.inverse_forms, r.inverses);
   return r;
 }
 
@@ -112,10 +121,8 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   const impl::StateCounters& c = r.counters;
   step_ = c.step;
   factor_steps_ = c.factor_steps;
-  // This run's options apply: inverses made with another damping or method are made again at the
-  // next step, as they would have been on a step divisible by inverse_every.
-  have_inverses_ = c.have_inverses && !impl::inverses_differ(c, options_);
-  const int converted = have_inverses_ ? convert_inverse_forms(c.inverse_forms) : 0;
+  have_inverses_ = r.keep_inverses;
+  const int converted = r.converted;
   const std::string changed = impl::option_differences(c, options_);
   const std::string at = r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) +
                          " rank(s)" + (changed.empty() ? "" : "; saved with " + changed) + ")" +
