@@ -14,7 +14,7 @@
 // triangle unspecified; the solves read R's upper triangle only. Failures as spd_inverse's:
 // non-finite input or a matrix not positive definite after damping throws NumericalError naming
 // the operation, the dimension, the damping and potrf's info. One synchronisation of `exec` per
-// factor (to read the info back); the solves stay enqueued (on Kokkos 3.4's host BLAS: fenced).
+// factor (to read the info back); the solves stay enqueued on a device (host BLAS fences first).
 #pragma once
 
 #include <kdist/core/inverse.hpp>
