@@ -232,9 +232,11 @@ class Preconditioner {
   impl::StateShape state_shape() const;
   /// Per factor: 1 where `inverse` holds the Cholesky factor, 0 where the inverse (the state's).
   std::vector<int> inverse_forms() const;
-  /// Converts each of `inverses` (host copies, a state's) whose form (`saved`, per factor; empty:
-  /// all inverses) is not this run's, on the host; returns how many.
-  int convert_inverse_forms(const std::vector<int>& saved, std::vector<typename Matrix::HostMirror>& inverses) const;
+  /// Converts each of `inverses` (host copies, the state read from `origin`) whose form (`saved`,
+  /// per factor; empty: all inverses) is not this run's, on the host; returns how many. A failure
+  /// is a NumericalError naming the factor, the file and the rank.
+  int convert_inverse_forms(const std::vector<int>& saved, std::vector<typename Matrix::HostMirror>& inverses,
+                            const std::string& origin) const;
   Restore stage(const StateReader& in, const std::string& prefix) const;
   void commit(Restore&& restore);
 

@@ -252,6 +252,39 @@ void edit_file(const std::string& path, const std::function<void(std::string&)>&
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+/// Rank 0 rewrites the K-FAC state at `path` (of `layers`, double) with `edit(section, matrix, d)`
+/// applied to each factor and inverse section (row-major as stored: they are symmetric), the
+/// fields kept; every rank waits for it.
+void rewrite_sections(const std::string& path, const std::vector<Layer>& layers,
+                      const std::function<void(const std::string&, std::vector<double>&, std::size_t)>& edit) {
+  if (world_rank() == 0) {
+    const StateReader saved(path, Preconditioner<double, TestMem>::kStateKind, "test");
+    kfac::impl::StateShape shape;
+    shape.dtype = DType::float64;
+    shape.ranks = world_size();
+    for (const Layer& l : layers) shape.layers.push_back(l.describe());
+    const std::vector<std::string> labels = {"A0", "A1", "A2", "G2", "G1", "G0"};
+    for (const std::string& f : labels) {
+      const Layer& l = layers[static_cast<std::size_t>(f[1] - '0')];
+      shape.dims.push_back(f[0] == 'A' ? l.a_dim() : l.g_dim());
+    }
+    const kfac::impl::StateCounters counters = kfac::impl::read_state_fields(saved, "", shape);
+    StateWriter out(Preconditioner<double, TestMem>::kStateKind);
+    kfac::impl::write_state_fields(out, "", shape, counters);
+    for (std::size_t f = 0; f < labels.size(); ++f) {
+      const std::size_t d = static_cast<std::size_t>(shape.dims[f]);
+      for (const std::string kind : {"factor.", "inverse."}) {
+        std::vector<double> m(d * d);
+        saved.read(kind + labels[f], m.data(), m.size());
+        edit(kind + labels[f], m, d);
+        out.add(kind + labels[f], m.data(), m.size());
+      }
+    }
+    out.write(path, "test");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 }  // namespace
 
 // Item by item: what a damaged, foreign or mistyped state says on every rank (the file, the
@@ -403,6 +436,44 @@ TEST_CASE("kfac: a load that fails on one rank fails on every rank with that ran
   CHECK(kfac.steps() == 2);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::remove(good.c_str());
+}
+
+// Saved with every factor inverted, resumed where the split keeps some as Cholesky factors: the
+// saved inverse of such a factor, made indefinite (-I), cannot be converted. Every rank refuses the
+// load naming the factor, nothing changes, and the Engine stays usable.
+TEST_CASE("kfac: a saved inverse that cannot be converted is refused on every rank, nothing changed", "[kfac]") {
+  const auto layers = network();
+  const std::string path = "test_kfac_state_unconvertible.bin";
+  Options inverted = base_options();
+  inverted.cholesky_solves = false;
+  {
+    comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+    Preconditioner<double, TestMem> saved(engine, layers, inverted);
+    train(saved, layers, 0, 2);
+    saved.save(path);
+  }
+  comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
+  const std::vector<std::string> labels = {"A0", "A1", "A2", "G2", "G1", "G0"};
+  int f = 0;  // the first factor this run keeps as R (every rank finds the same)
+  while (!kfac.holds_cholesky(f)) ++f;
+  const std::string label = labels[static_cast<std::size_t>(f)];
+  rewrite_sections(path, layers, [&](const std::string& section, std::vector<double>& m, std::size_t d) {
+    if (section != "inverse." + label) return;
+    for (std::size_t i = 0; i < d; ++i)
+      for (std::size_t j = 0; j < d; ++j) m[i * d + j] = i == j ? -1.0 : 0.0;
+  });
+  std::vector<Mat> factors_before;
+  for (int g = 0; g < kfac.factors(); ++g) factors_before.push_back(dense_factor(kfac, g));
+  const std::string m = message_of([&] { kfac.load(path); });
+  CHECK_THAT(
+      m, Catch::Contains("K-FAC factor " + label) && Catch::Contains(path) && Catch::Contains("not positive definite"));
+  CHECK(kfac.steps() == 0);
+  for (int g = 0; g < kfac.factors(); ++g) CHECK(dense_factor(kfac, g) == factors_before[static_cast<std::size_t>(g)]);
+  train(kfac, layers, 0, 1);  // the Engine is still usable, the preconditioner as constructed
+  CHECK(kfac.steps() == 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
 }
 
 TEST_CASE("kfac: ranks that read different states are refused on every rank, nothing changed", "[kfac]") {
@@ -574,34 +645,11 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
       kfac.save(path);
     }
-    if (world_rank() == 0) {
-      // The same state with G2 (factor 3: after A0, A1, A2) negative definite: -10 I.
-      const StateReader saved(path, Preconditioner<double, TestMem>::kStateKind, "test");
-      kfac::impl::StateShape shape;
-      shape.dtype = DType::float64;
-      shape.ranks = world_size();
-      for (const Layer& l : layers) shape.layers.push_back(l.describe());
-      for (const char* f : {"A0", "A1", "A2", "G2", "G1", "G0"}) {
-        const Layer& l = layers[static_cast<std::size_t>(f[1] - '0')];
-        shape.dims.push_back(f[0] == 'A' ? l.a_dim() : l.g_dim());
-      }
-      const kfac::impl::StateCounters counters = kfac::impl::read_state_fields(saved, "", shape);
-      StateWriter out(Preconditioner<double, TestMem>::kStateKind);
-      kfac::impl::write_state_fields(out, "", shape, counters);
-      int f = 0;
-      for (const char* label : {"A0", "A1", "A2", "G2", "G1", "G0"}) {
-        const std::size_t d = static_cast<std::size_t>(shape.dims[static_cast<std::size_t>(f++)]);
-        for (const std::string kind : {"factor.", "inverse."}) {
-          std::vector<double> m(d * d);
-          saved.read(kind + label, m.data(), m.size());
-          if (std::string(label) == "G2" && kind == "factor.")
-            for (std::size_t i = 0; i < d; ++i) m[i * d + i] = -10;
-          out.add(kind + label, m.data(), m.size());
-        }
-      }
-      out.write(path, "test");
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    // The same state with G2 (factor 3: after A0, A1, A2) negative definite: -10 I.
+    rewrite_sections(path, layers, [](const std::string& section, std::vector<double>& m, std::size_t d) {
+      if (section == "factor.G2")
+        for (std::size_t i = 0; i < d; ++i) m[i * d + i] = -10;
+    });
     comm::Engine kfac_engine{world};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
     kfac.load(path);

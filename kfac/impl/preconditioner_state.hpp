@@ -42,7 +42,8 @@ std::vector<int> Preconditioner<T, M>::inverse_forms() const {
 // inverted back to F + damping I, then factored.
 template <class T, class M>
 int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved,
-                                                std::vector<typename Matrix::HostMirror>& inverses) const {
+                                                std::vector<typename Matrix::HostMirror>& inverses,
+                                                const std::string& origin) const {
   using HostMatrix = typename Matrix::HostMirror;
   const Kokkos::DefaultHostExecutionSpace host;
   InverseWorkspace<T, Kokkos::HostSpace> workspace;
@@ -54,14 +55,21 @@ int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved,
     HostMatrix& kept = inverses[static_cast<std::size_t>(f)];
     const int d = static_cast<int>(kept.extent(0));
     HostMatrix other("kdist::kfac::converted_" + slot.label, d, d);  // zeros: fill_identity sets the diagonal
-    if (was_cholesky) {
-      impl::fill_identity(host, other);
-      cholesky_solve_left(host, kept, other);
-      mirror_upper_to_lower(host, other);
-      kept = other;
-    } else {
-      spd_inverse(host, kept, 0.0, other, workspace);
-      cholesky_factor(host, other, 0.0, kept, workspace);
+    try {
+      if (was_cholesky) {
+        impl::fill_identity(host, other);
+        cholesky_solve_left(host, kept, other);
+        mirror_upper_to_lower(host, other);
+        kept = other;
+      } else {
+        spd_inverse(host, kept, 0.0, other, workspace);
+        cholesky_factor(host, other, 0.0, kept, workspace);
+      }
+    } catch (const NumericalError& e) {
+      throw NumericalError(e.operation() + " converting the saved " + (was_cholesky ? "Cholesky factor" : "inverse") +
+                               " of K-FAC factor " + slot.label + " in " + origin + " (rank " +
+                               std::to_string(engine_.rank()) + ")",
+                           e.dim(), e.damping(), e.info(), e.reason());
     }
     ++converted;
   }
@@ -108,7 +116,7 @@ typename Preconditioner<T, M>::Restore Preconditioner<T, M>::stage(const StateRe
   // This run's options apply: inverses made with another damping or method are made again at the
   // next step, as they would have been on a step divisible by inverse_every.
   r.keep_inverses = r.counters.have_inverses && !impl::inverses_differ(r.counters, options_);
-  if (r.keep_inverses) r.converted = convert_inverse_forms(r.counters.inverse_forms, r.inverses);
+  if (r.keep_inverses) r.converted = convert_inverse_forms(r.counters.inverse_forms, r.inverses, r.origin);
   return r;
 }
 
