@@ -1,6 +1,7 @@
 // core/: packed format, factor products, SPD inverse and eigen method, errors, timer, timeline.
 // Kernels run on TestExec / TestMem (test_space.hpp): on the GPU in a CUDA build.
 #include <catch2/catch.hpp>
+#include <kdist/core/host_blas.hpp>
 #include <kdist/core/inverse.hpp>
 #include <kdist/core/packed.hpp>
 #include <kdist/core/products.hpp>
@@ -197,6 +198,31 @@ TEST_CASE("device damped copy counts NaN and Inf in the upper triangle only", "[
   long long bad = -1;
   Kokkos::deep_copy(bad, count);
   CHECK(bad == 2);
+}
+
+TEST_CASE("host_blas names OpenBLAS's kernels and advises only on a pre-AVX core of an AVX2 CPU", "[core]") {
+  const kdist::HostBlas b = kdist::host_blas();
+  if (b.library == "OpenBLAS") {  // the Debian build links it; another BLAS is reported as unknown
+    CHECK(b.config.rfind("OpenBLAS", 0) == 0);
+    CHECK_FALSE(b.core.empty());
+    CHECK(b.summary().find("core " + b.core) != std::string::npos);
+    CHECK(b.advice == kdist::openblas_core_advice(b.core));
+  } else {
+    CHECK(b.library == "unknown");
+    CHECK(b.core.empty());
+  }
+  CHECK(kdist::openblas_core_advice("Haswell").empty());
+  CHECK(kdist::openblas_core_advice("SkylakeX").empty());
+  CHECK(kdist::openblas_core_advice("Zen").empty());
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  for (const char* old : {"Prescott", "PRESCOTT", "Core2", "Nehalem"}) {
+    const std::string advice = kdist::openblas_core_advice(old);
+    CHECK(advice.empty() == !avx2);
+    if (avx2) CHECK(advice.find("OPENBLAS_CORETYPE=") != std::string::npos);
+  }
+#endif
 }
 
 TEST_CASE("packed format rejects mismatched sizes", "[core][packed]") {

@@ -24,6 +24,7 @@
 #include <kdist/comm/fused_allreducer.hpp>
 #include <kdist/comm/outcome.hpp>
 #include <kdist/core/atomic_file.hpp>
+#include <kdist/core/host_blas.hpp>
 #include <kdist/kfac/preconditioner.hpp>
 #include <kdist/nn/batches.hpp>
 #include <kdist/nn/idx.hpp>
@@ -154,6 +155,7 @@ class Trainer {
        << name_of(kScheduleNames, s_.schedule) << ")"
        << ", momentum " << s_.momentum << ", seed " << s_.seed;
     if (kfac_) os << "\n" << kfac_->describe();
+    os << "\nhost BLAS: " << kdist::host_blas().summary();
     return os.str();
   }
 

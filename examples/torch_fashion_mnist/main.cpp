@@ -14,6 +14,7 @@
 // error prints it and exits 1.
 #include <kdist/comm/outcome.hpp>
 #include <kdist/core/atomic_file.hpp>
+#include <kdist/core/host_blas.hpp>
 #include <kdist/core/timer.hpp>
 #include <kdist/nn/batches.hpp>
 #include <kdist/nn/idx.hpp>
@@ -85,7 +86,8 @@ class Job {
            std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(s_.batch) + ", lr " +
            std::to_string(s_.lr) + " (" + examples::name_of(examples::kScheduleNames, s_.schedule) + ")" +
            ", momentum " + std::to_string(s_.momentum) + ", weight decay " + std::to_string(s_.weight_decay) +
-           ", seed " + std::to_string(s_.seed) + (kfac_ ? "\n" + kfac_->describe() : "");
+           ", seed " + std::to_string(s_.seed) + (kfac_ ? "\n" + kfac_->describe() : "") +
+           "\nhost BLAS: " + kdist::host_blas().summary();
   }
 
   void run() {

@@ -2,8 +2,11 @@
 // ratio to the baseline measured in the same run. Where a row is a case rather than a size, the
 // case comes first (bench_kfac's configuration, kdist_portability's kernel). Printed as an
 // aligned table and, with --json FILE, written as {"benchmark", "columns", "rows", "context"},
-// each row's keys in column order.
+// each row's keys in column order. The context always holds "host_blas" (core/host_blas.hpp): the
+// BLAS and the kernels it ran, without which a host figure cannot be compared.
 #pragma once
+
+#include <kdist/core/host_blas.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,7 +20,9 @@ namespace kdist_bench {
 
 class Table {
  public:
-  Table(std::string name, std::vector<std::string> columns) : name_(std::move(name)), columns_(std::move(columns)) {}
+  Table(std::string name, std::vector<std::string> columns) : name_(std::move(name)), columns_(std::move(columns)) {
+    context_["host_blas"] = kdist::host_blas().summary();
+  }
 
   /// Free-form facts about the run (threads, ranks, settings) stored with the rows.
   void context(const std::string& key, const nlohmann::json& value) { context_[key] = value; }
