@@ -18,6 +18,18 @@ const char* to_string(Strategy s) {
   return "?";
 }
 
+const char* to_string(CholeskySolves c) {
+  switch (c) {
+    case CholeskySolves::always:
+      return "always";
+    case CholeskySolves::measured:
+      return "measured";
+    case CholeskySolves::never:
+      return "never";
+  }
+  return "?";
+}
+
 bool parse_strategy(const std::string& text, Strategy* out) {
   for (Strategy s : {Strategy::spd, Strategy::mpdkfac, Strategy::dkfac})
     if (text == to_string(s)) {

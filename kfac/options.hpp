@@ -29,7 +29,11 @@ namespace kfac {
 enum class Strategy { spd, mpdkfac, dkfac };
 /// Whether the gradients given to Preconditioner::step are the same on every rank (Options::gradients).
 enum class Gradients { averaged, per_rank };
+/// Where a factor may be kept as its Cholesky factor, whether it is (Options::cholesky_solves).
+enum class CholeskySolves { always, measured, never };
 const char* to_string(Strategy s);
+/// "always", "measured" or "never".
+const char* to_string(CholeskySolves c);
 /// "spd", "mpdkfac" or "dkfac"; false for anything else.
 bool parse_strategy(const std::string& text, Strategy* out);
 
@@ -42,13 +46,16 @@ struct Options {
   double kl_clip = 1e-3;       ///< kappa of the KL clip; 0 turns clipping off
   double lr = 0.1;             ///< learning rate the KL clip assumes (set_learning_rate tracks it)
   InverseMethod inverse_method = InverseMethod::cholesky;
-  /// Keep a factor's Cholesky factor R (R^T R = F + damping I) instead of its inverse wherever the
-  /// preconditioning applies the inverse to whole columns (A where a layer is not split or split
-  /// over outputs, G where it is not split or split over inputs), and apply it by two triangular
-  /// solves: an inverse step then costs potrf alone, about a third of potrf + potri's flops, for
-  /// products of the same cost. Only with inverse_method cholesky. false: every factor inverted,
-  /// as kfac-pytorch does.
-  bool cholesky_solves = true;
+  /// Where the preconditioning applies a factor's inverse to whole columns (A where a layer is not
+  /// split or split over outputs, G where it is not split or split over inputs), the factor may be
+  /// kept as its Cholesky factor R (R^T R = F + damping I) and applied by two triangular solves:
+  /// an inverse step then costs potrf alone, about a third of potrf + potri's flops, for products
+  /// of the same flops. always: wherever that applies; measured: where it is also faster over an
+  /// inverse period on this execution space, timed at construction (kfac/impl/solve_costs.hpp: a
+  /// BLAS may run the solves at half the product's rate); opt-in, since a choice taken from timings
+  /// may differ between two runs of the same job, and their updates then by rounding. never: every
+  /// factor inverted, as kfac-pytorch does. Only with inverse_method cholesky.
+  CholeskySolves cholesky_solves = CholeskySolves::always;
   /// Preconditioning split over the ranks: each computes one block of every layer's
   /// V = G^-1 [dW | db] A^-1, of its outputs (rows) or inputs (columns), whichever leaves the
   /// busiest rank less work (kfac/precondition_split.hpp), and the blocks are all-gathered.

@@ -53,6 +53,7 @@
 #include <kdist/kfac/impl/hook_order.hpp>
 #include <kdist/kfac/impl/kernels.hpp>
 #include <kdist/kfac/impl/slots.hpp>
+#include <kdist/kfac/impl/solve_costs.hpp>
 #include <kdist/kfac/impl/state.hpp>
 #include <kdist/kfac/layers.hpp>
 #include <kdist/kfac/options.hpp>
@@ -210,8 +211,9 @@ class Preconditioner {
   bool split() const noexcept {
     return options_.split_preconditioning && options_.gradients == Gradients::averaged && engine_.size() > 1;
   }
-  /// Whether layer l's factor A (is_a) or G is kept as its Cholesky factor (Options::cholesky_solves).
-  bool keeps_cholesky(int l, bool is_a) const;
+  /// Per factor (A0.., G..0): kept as its Cholesky factor? (Options::cholesky_solves; collective
+  /// when measured.)
+  std::vector<bool> cholesky_forms();
   /// Empty when gradient g fits layer l, else the message.
   std::string check_gradient(int l, const Gradient& g) const;
   void maybe_replan();

@@ -427,6 +427,9 @@ inline Options base_options() {
   o.factor_decay = 0.8;
   o.kl_clip = 0.0;
   o.profile_steps = 1;
+  // The tests name which factors are kept as R (measured decides by the BLAS's times: its own
+  // test case in test_kfac.cpp).
+  o.cholesky_solves = kdist::kfac::CholeskySolves::always;
   return o;
 }
 

@@ -52,7 +52,7 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
   // invert every factor, split and not split.
   for (const bool split : {true, false}) {
     Options o = base_options();
-    o.cholesky_solves = false;
+    o.cholesky_solves = CholeskySolves::never;
     o.split_preconditioning = split;
     variants.push_back({split ? "every factor inverted" : "every factor inverted, preconditioning on every rank", o});
   }
@@ -145,10 +145,10 @@ TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does le
   CHECK_THAT(kfac.describe(), Catch::Contains("blocks of 7 inputs") && Catch::Contains("blocks of 2 outputs"));
 }
 
-// Which factors are kept as R: at 1 rank (nothing split) all; at 2-4 ranks A where a layer is split
-// over outputs and G where it is split over inputs (the splits: the test case above); none without
-// cholesky_solves or with the eigen method. The CT variant's placement models those factors' work as
-// potrf's.
+// Which factors are kept as R (cholesky_solves always, as base_options sets): at 1 rank (nothing
+// split) all; at 2-4 ranks A where a layer is split over outputs and G where it is split over
+// inputs (the splits: the test case above); none with never or with the eigen method. The CT variant's placement models
+// those factors' work as potrf's.
 TEST_CASE("kfac: the factors applied whole are kept as Cholesky factors", "[kfac]") {
   const auto forms = [](const Options& o) {
     comm::Engine kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
@@ -164,11 +164,61 @@ TEST_CASE("kfac: the factors applied whole are kept as Cholesky factors", "[kfac
   if (P <= 4) CHECK(forms(base_options()) == by_ranks[static_cast<std::size_t>(P - 1)]);
   Options whole = base_options(), off = base_options(), eigen = base_options();
   whole.split_preconditioning = false;
-  off.cholesky_solves = false;
+  off.cholesky_solves = CholeskySolves::never;
   eigen.inverse_method = InverseMethod::eigen;
   CHECK(forms(whole) == every);
   CHECK(forms(off) == none);
   CHECK(forms(eigen) == none);
+}
+
+// measured keeps R where the timed solves beat the inverse over an inverse period:
+// among always's factors, alike on every rank (the slowest rank's times), and the updates are
+// still the reference's whichever form each factor takes.
+TEST_CASE("kfac: measured Cholesky solves decide alike on every rank, among the factors applied whole", "[kfac]") {
+  const auto layers = network();
+  Options measured = base_options();
+  measured.cholesky_solves = CholeskySolves::measured;
+  comm::Engine always_engine{comm::Communicator(MPI_COMM_WORLD)}, kfac_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> always(always_engine, layers, base_options());
+  Preconditioner<double, TestMem> kfac(kfac_engine, layers, measured);
+  std::vector<int> held, lowest, highest;
+  for (int f = 0; f < kfac.factors(); ++f) {
+    held.push_back(kfac.holds_cholesky(f) ? 1 : 0);
+    if (kfac.holds_cholesky(f)) CHECK(always.holds_cholesky(f));
+  }
+  lowest = highest = held;
+  MPI_Allreduce(MPI_IN_PLACE, lowest.data(), static_cast<int>(held.size()), MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, highest.data(), static_cast<int>(held.size()), MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lowest == highest);
+  CHECK_THAT(kfac.describe(), Catch::Contains("Cholesky solves measured"));
+  const auto got = train(kfac, layers, 0, 3);
+  const auto want = reference(layers, measured, 3);
+  for (int s = 0; s < 3; ++s) {
+    INFO("step " << s << ", rank " << world_rank() << " of " << world_size());
+    CHECK(max_relative(got[s], want[s]) < 1e-6);
+  }
+}
+
+// The rule itself: keep R when inverse_every applications' extra solve time stays under potri's;
+// a case is timed at d <= 512, k <= 256 and scaled by d^3 (potri) and d^2 k (the products).
+TEST_CASE("kfac: the Cholesky-solve rule weighs potri against the solves' extra time", "[kfac]") {
+  using kdist::kfac::impl::keeps_cholesky_at;
+  using kdist::kfac::impl::measured_case;
+  using kdist::kfac::impl::scaled;
+  using kdist::kfac::impl::SolveCase;
+  using kdist::kfac::impl::SolveTimes;
+  const SolveTimes t{6.0, 1.0, 2.0};  // potri, product, solves
+  CHECK(keeps_cholesky_at(t, 5));     // 5 * 1 < 6
+  CHECK_FALSE(keeps_cholesky_at(t, 6));
+  CHECK(keeps_cholesky_at({6.0, 1.0, 0.9}, 1000));  // solves faster than the product: always
+  const SolveCase big{1024, 512, false}, m = measured_case(big);
+  CHECK((m.d == 512 && m.k == 256 && !m.left));
+  const SolveTimes s = scaled(t, m, big);
+  CHECK(s.potri == Approx(48.0));
+  CHECK(s.product == Approx(8.0));
+  CHECK(s.solves == Approx(16.0));
+  const SolveCase small{100, 7, true};
+  CHECK((measured_case(small).d == 100 && measured_case(small).k == 7));
 }
 
 TEST_CASE("kfac: per-rank gradients (Adasum) are each preconditioned whole, with their own KL clip", "[kfac]") {

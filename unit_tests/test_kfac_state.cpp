@@ -445,7 +445,7 @@ TEST_CASE("kfac: a saved inverse that cannot be converted is refused on every ra
   const auto layers = network();
   const std::string path = "test_kfac_state_unconvertible.bin";
   Options inverted = base_options();
-  inverted.cholesky_solves = false;
+  inverted.cholesky_solves = CholeskySolves::never;
   {
     comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
     Preconditioner<double, TestMem> saved(engine, layers, inverted);

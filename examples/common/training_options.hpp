@@ -5,8 +5,8 @@
 //   in the set is refused as CLI::IsMember refuses ("--model: foo not in {mlp,cnn}"), a number is
 //   refused like any other word, and --help shows the names and the default's name.
 // - add_kfac_options(): --strategy, --damping, --factor-decay, --kl-clip, --factor-every,
-//   --inverse-every, --replicated-precondition and --invert-every-factor, parsed straight into a kdist::kfac::Options
-//   that starts from kfac_job_defaults() (the jobs' tuned values, not the library's).
+//   --inverse-every, --replicated-precondition, --cholesky-solves and --invert-every-factor, parsed straight into a
+//   kdist::kfac::Options that starts from kfac_job_defaults() (the jobs' tuned values, not the library's).
 // - Schedule, add_schedule_option() and learning_rate(): --lr-schedule constant or cosine, the
 //   rate at the fraction of all steps taken (from epoch and step, so a resumed run follows the
 //   same curve).
@@ -54,6 +54,10 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, E& value, const 
   return app.add_option(flag, value, help)->transform(to_number)->type_name("TEXT")->default_str(name_of(names, value));
 }
 
+inline const Names<kdist::kfac::CholeskySolves> kCholeskySolvesNames{
+    {"always", kdist::kfac::CholeskySolves::always},
+    {"measured", kdist::kfac::CholeskySolves::measured},
+    {"never", kdist::kfac::CholeskySolves::never}};
 inline const Names<kdist::kfac::Strategy> kStrategyNames{
     {kdist::kfac::to_string(kdist::kfac::Strategy::spd), kdist::kfac::Strategy::spd},
     {kdist::kfac::to_string(kdist::kfac::Strategy::mpdkfac), kdist::kfac::Strategy::mpdkfac},
@@ -89,10 +93,13 @@ inline void add_kfac_options(CLI::App& app, kdist::kfac::Options& o) {
       "--replicated-precondition", [&o] { o.split_preconditioning = false; },
       "K-FAC: every rank preconditions every layer (default: each rank a block of every layer's outputs "
       "or inputs, all-gathered)");
+  add_choice(app, "--cholesky-solves", o.cholesky_solves, kCholeskySolvesNames,
+             "K-FAC: keep the factors applied to whole columns as Cholesky factors, applied by two triangular "
+             "solves: always, measured (only where the solves, timed at the start, are faster over an inverse "
+             "period) or never");
   app.add_flag_callback(
-      "--invert-every-factor", [&o] { o.cholesky_solves = false; },
-      "K-FAC: invert every factor, as kfac-pytorch does (default: keep the Cholesky factor of those "
-      "applied to whole columns, and apply it by two triangular solves)");
+      "--invert-every-factor", [&o] { o.cholesky_solves = kdist::kfac::CholeskySolves::never; },
+      "K-FAC: invert every factor, as kfac-pytorch does (--cholesky-solves never)");
 }
 
 enum class Schedule { constant, cosine };

@@ -22,6 +22,7 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   for (Layer& given : layers) layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, {}, {}, 0, 0});
   std::vector<PlacementItem> items;
   std::vector<typename Fused::Tensor> tensors;
+  const std::vector<bool> forms = cholesky_forms();
   for (int f = 0; f < 2 * L; ++f) {
     const bool is_a = f < L;
     const Layer& owner = layer(is_a ? f : 2 * L - 1 - f);
@@ -31,7 +32,7 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
     slot.running = Matrix("kdist::kfac::" + slot.label, d, d);
     slot.pending = Matrix("kdist::kfac::pending_" + slot.label, d, d);
     slot.inverse = Matrix("kdist::kfac::inverse_" + slot.label, d, d);
-    slot.cholesky = keeps_cholesky(is_a ? f : 2 * L - 1 - f, is_a);
+    slot.cholesky = forms[static_cast<std::size_t>(f)];
     impl::fill_identity(execution_space(), slot.running);
     items.push_back({slot.label, d, slot.cholesky ? kCholeskyFactorWork : 1.0});
     tensors.push_back({slot.label, static_cast<std::size_t>(d), true, true});  // kdist reads the upper triangle
@@ -67,14 +68,33 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
 
 // A factor can be kept as its Cholesky factor R where the preconditioning applies its inverse to
 // whole columns (precondition, precondition_block): A unless the layer is split over inputs (then
-// each rank multiplies by a column block of A^-1), G unless it is split over outputs.
+// each rank multiplies by a column block of A^-1), G unless it is split over outputs. Applied to
+// k columns: A to the gradient's g (unsplit) or this rank's block of outputs, from the left; G to
+// its a rows or this rank's block of inputs, from the right. Every rank lists the same cases (the
+// block width, not this rank's share of it), as choose_cholesky's all-reduce needs.
 template <class T, class M>
-bool Preconditioner<T, M>::keeps_cholesky(int l, bool is_a) const {
-  if (!options_.cholesky_solves || options_.inverse_method != InverseMethod::cholesky) return false;
-  if (!split()) return true;
-  const Layer& owner = layer(l);
-  const SplitAxis axis = precondition_split(owner.a_dim(), owner.g_dim(), engine_.size()).axis;
-  return is_a ? axis == SplitAxis::outputs : axis == SplitAxis::inputs;
+std::vector<bool> Preconditioner<T, M>::cholesky_forms() {
+  const int L = layers(), P = engine_.size();
+  std::vector<bool> forms(static_cast<std::size_t>(2 * L), false);
+  if (options_.cholesky_solves == CholeskySolves::never || options_.inverse_method != InverseMethod::cholesky)
+    return forms;
+  std::vector<int> candidates;
+  std::vector<impl::SolveCase> cases;
+  for (int f = 0; f < 2 * L; ++f) {
+    const bool is_a = f < L;
+    const Layer& owner = layer(is_a ? f : 2 * L - 1 - f);
+    const int a = owner.a_dim(), g = owner.g_dim();
+    const PreconditionSplit s = precondition_split(a, g, P);
+    if (split() && (s.axis == SplitAxis::outputs) != is_a) continue;
+    candidates.push_back(f);
+    cases.push_back(is_a ? impl::SolveCase{a, split() ? s.block : g, true}
+                         : impl::SolveCase{g, split() ? s.block : a, false});
+  }
+  std::vector<bool> keep(cases.size(), true);
+  if (options_.cholesky_solves == CholeskySolves::measured && !cases.empty())
+    keep = impl::choose_cholesky<T, M>(engine_, execution_space(), cases, options_.inverse_every);
+  for (std::size_t i = 0; i < cases.size(); ++i) forms[static_cast<std::size_t>(candidates[i])] = keep[i];
+  return forms;
 }
 
 // The running factors are kept as upper triangles (everything that reads them, the next blend,

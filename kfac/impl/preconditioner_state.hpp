@@ -212,6 +212,7 @@ std::string Preconditioner<T, M>::describe() const {
      << ", factor decay " << options_.factor_decay << ", factors every " << options_.factor_every << ", inverses every "
      << options_.inverse_every << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr
      << ", inverse by " << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
+     << ", Cholesky solves " << to_string(options_.cholesky_solves)
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
   if (!restored_.empty()) os << "  " << restored_ << "\n";
@@ -221,6 +222,8 @@ std::string Preconditioner<T, M>::describe() const {
        << "^2";
     if (split())
       os << ", preconditioned in blocks of " << s.block << (s.axis == SplitAxis::inputs ? " inputs" : " outputs");
+    for (const int f : {a_index(l), g_index(l)})
+      if (factor_slot(f).cholesky) os << ", " << factor_slot(f).label << " kept as its Cholesky factor";
     os << "\n";
   }
   std::vector<PlacementItem> items;

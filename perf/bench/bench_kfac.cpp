@@ -340,7 +340,7 @@ class Profile {
     o.damping = 1e-2;
     o.profile_steps = 1;
     o.cost_models = s.cost_models;
-    o.cholesky_solves = false;  // the paper's algorithm, as configs() below
+    o.cholesky_solves = kdist::kfac::CholeskySolves::never;  // the paper's algorithm, as configs() below
     return o;
   }
 
@@ -472,7 +472,7 @@ std::vector<Config> configs(const Settings& s) {
   base.split_preconditioning = !s.replicated_precondition;
   base.cost_models = s.cost_models;
   // The study measures the paper's algorithm, every factor inverted: what perf/model/ replays.
-  base.cholesky_solves = false;
+  base.cholesky_solves = kdist::kfac::CholeskySolves::never;
   std::vector<Config> c;
   for (kfac::Strategy st : {kfac::Strategy::dkfac, kfac::Strategy::mpdkfac, kfac::Strategy::spd}) {
     kfac::Options o = base;

@@ -371,7 +371,8 @@ void Suite<Exec>::kfac_step(int batch) {
   kdist::kfac::Options o;
   o.factor_every = o.inverse_every = 1;
   o.damping = 1e-2;
-  o.cholesky_solves = false;  // every factor inverted: the flops counted below, the runs on file
+  o.cholesky_solves =
+      kdist::kfac::CholeskySolves::never;  // every factor inverted: the flops counted below, the runs on file
   kdist::comm::Engine kfac_engine{kdist::comm::Communicator(MPI_COMM_WORLD)};
   kdist::kfac::Preconditioner<float, Mem> kfac(kfac_engine, kl, o);
   Exec exec;
