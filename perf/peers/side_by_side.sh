@@ -7,7 +7,7 @@
 #   perf/peers/side_by_side.sh [--rounds 3] [--steps 300] [--ranks 2] [--batch 64]
 #       [--rows "mlp:sgd mlp:kfac cnn:sgd cnn:kfac"] [--kfac-pytorch DIR] [--kdist-only]
 #       [--build build] [--job PATH] [--data DIR] [--peer-device cpu|cuda] [--json FILE]
-#       [--timeout 900]
+#       [--timeout 900] [--kdist-args "ARGS"]
 #
 # --peer-device cuda puts the peer's ranks on GPUs (NCCL): the side by side of a CUDA build of
 # kdist (--job, with MPIEXEC naming the MPI that job was built with; PYTHON the python with torch).
@@ -20,10 +20,12 @@
 # Without --kfac-pytorch the K-FAC rows run kdist alone and say why; without torch (Debian's
 # python3-torch) every row does. kdist's figure is its epoch's images/s over --steps steps
 # (first step included); the peer's leaves out its first 10 steps: both err against kdist.
+# --kdist-args appends options to every kdist run (e.g. "--cholesky-solves measured"); the
+# environment (OPENBLAS_CORETYPE included) reaches both sides alike.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 rounds=3 steps=300 ranks=2 batch=64 rows="mlp:sgd mlp:kfac cnn:sgd cnn:kfac"
-kfac_dir="" kdist_only=0 build="$root/build" json="" job="" run_timeout=900
+kfac_dir="" kdist_only=0 build="$root/build" json="" job="" run_timeout=900 kdist_args=()
 data=/usr/share/datasets/fashion-mnist peer_device=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,7 +42,8 @@ while [ $# -gt 0 ]; do
     --data) data="$2"; shift 2 ;;
     --peer-device) peer_device="$2"; shift 2 ;;
     --timeout) run_timeout="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --kdist-args) read -r -a kdist_args <<<"$2"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "side_by_side.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -116,7 +119,7 @@ run_peer() {  # model optimizer round
 run_kdist() {  # model optimizer round
   local log="$work/kdist.csv"
   bounded "$work/kdist.out" "$mpiexec" -n "$ranks" "$job" --model "$1" --optimizer "$2" --batch "$batch" --epochs 1 \
-    --limit-batches "$steps" --data "$data" --quiet --log "$log"
+    --limit-batches "$steps" --data "$data" --quiet --log "$log" "${kdist_args[@]}"
   [ "$status" = 0 ] || give_up kdist "$1" "$2" "$status" "$work/kdist.out"
   "$python" - "$log" "$1" "$2" "$3" >>"$results" <<'EOF'
 import csv, json, sys
