@@ -15,16 +15,12 @@
 using kdist_test::bytes_of;
 using kdist_test::Dense;
 using kdist_test::device_matrix;
+using kdist_test::device_square;
 using kdist_test::TestExec;
 using kdist_test::TestMatrix;
 using kdist_test::to_host;
 
 namespace {
-
-template <class T>
-TestMatrix<T> square(const Dense& a, int n, const char* label) {
-  return device_matrix<T>(label, n, n, [&](int i, int j) { return a[i * n + j]; });
-}
 
 template <class T>
 TestMatrix<T> random_matrix(int rows, int cols, unsigned seed, const char* label) {
@@ -53,7 +49,7 @@ void check_factor_and_solves(int n) {
   const double gamma = 1e-3, tol = dbl ? 1e-10 : 2e-4;
   std::mt19937_64 rng(77 + n);
   const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 1e-2), rng);
-  const auto A = square<T>(a, n, "A");
+  const auto A = device_square<T>(a, n, "A");
   const auto A_before = bytes_of(A);
   TestMatrix<T> R("R", n, n), inv("inv", n, n);
   kdist::cholesky_factor(TestExec(), A, gamma, R);
@@ -114,7 +110,7 @@ TEMPLATE_TEST_CASE("cholesky_factor: non-SPD and non-finite input throw Numerica
   std::mt19937_64 rng(11);
   auto spec = kdist_test::geometric_spectrum(n, 1.0, 0.1);
   spec[n / 2] = -1.0;  // indefinite even after damping 0.1
-  const auto A = square<TestType>(kdist_test::matrix_with_spectrum(spec, rng), n, "G[2]");
+  const auto A = device_square<TestType>(kdist_test::matrix_with_spectrum(spec, rng), n, "G[2]");
   const auto before = bytes_of(A);
   TestMatrix<TestType> R("R", n, n);
   try {
@@ -131,7 +127,7 @@ TEMPLATE_TEST_CASE("cholesky_factor: non-SPD and non-finite input throw Numerica
   Dense b = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.5), rng);
   b[3 * n + 5] = std::numeric_limits<double>::quiet_NaN();
   b[5 * n + 3] = std::numeric_limits<double>::infinity();  // below the diagonal: not read
-  const auto B = square<TestType>(b, n, "A[7]");
+  const auto B = device_square<TestType>(b, n, "A[7]");
   try {
     kdist::cholesky_factor(TestExec(), B, 1e-3, R);
     FAIL("a non-finite matrix was factored");

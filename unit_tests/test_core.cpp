@@ -21,6 +21,7 @@
 using kdist_test::bytes_of;
 using kdist_test::Dense;
 using kdist_test::device_matrix;
+using kdist_test::device_square;
 using kdist_test::TestExec;
 using kdist_test::TestMatrix;
 using kdist_test::TestMem;
@@ -28,12 +29,6 @@ using kdist_test::TestVector;
 using kdist_test::to_host;
 
 namespace {
-
-/// Row-major reference matrix -> TestMem matrix.
-template <class T>
-TestMatrix<T> to_view(const Dense& a, int n, const char* label) {
-  return device_matrix<T>(label, n, n, [&](int i, int j) { return a[i * n + j]; });
-}
 
 /// TestMem matrix -> row-major reference matrix, through a host mirror.
 template <class V>
@@ -68,7 +63,7 @@ TEMPLATE_TEST_CASE("pack_upper/unpack_upper round-trip and LAPACK 'U' order", "[
     Dense sym(static_cast<std::size_t>(n) * n);
     for (int j = 0; j < n; ++j)
       for (int i = 0; i <= j; ++i) sym[i * n + j] = sym[j * n + i] = u(rng);
-    const auto a = to_view<TestType>(sym, n, "a");
+    const auto a = device_square<TestType>(sym, n, "a");
     TestMatrix<TestType> back("back", n, n);
     TestVector<TestType> p("p", kdist::packed_size(n));
     kdist::pack_upper(TestExec(), a, p);
@@ -352,7 +347,7 @@ void check_inverse(int n, kdist::InverseMethod method) {
   // cond(A + gamma I) <= 1e4 (double) or 1e2 (float).
   const double lo = dbl ? 1e-4 : 1e-2, gamma = dbl ? 1e-4 : 1e-3;
   const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, lo), rng));
-  const auto A = to_view<T>(a, n, "A");
+  const auto A = device_square<T>(a, n, "A");
   const auto A_before = bytes_of(A);
   TestMatrix<T> inv("inv", n, n);
   kdist::spd_inverse(TestExec(), A, gamma, inv, method);
@@ -376,7 +371,7 @@ TEST_CASE("spd_inverse: eigen method agrees with Cholesky", "[core][inverse]") {
   std::mt19937_64 rng(3);
   for (int n : {4, 33, 256}) {
     const Dense a = kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 10.0, 1e-2), rng);
-    const auto A = to_view<double>(a, n, "A");
+    const auto A = device_square<double>(a, n, "A");
     TestMatrix<double> c("c", n, n), e("e", n, n);
     kdist::spd_inverse(TestExec(), A, 1e-2, c, kdist::InverseMethod::cholesky);
     kdist::spd_inverse(TestExec(), A, 1e-2, e, kdist::InverseMethod::eigen);
@@ -398,7 +393,7 @@ TEST_CASE("symmetric_eigen returns the spectrum and orthonormal vectors", "[core
   const int n = 40;
   auto spec = kdist_test::geometric_spectrum(n, 3.0, 0.01);
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
-  const auto A = to_view<double>(a, n, "A");
+  const auto A = device_square<double>(a, n, "A");
   TestVector<double> w("w", n);
   TestMatrix<double> Q("Q", n, n);
   kdist::symmetric_eigen(TestExec(), A, w, Q);
@@ -448,7 +443,7 @@ void check_inverse_rejects(int n, std::initializer_list<kdist::InverseMethod> me
   const Dense a = kdist_test::matrix_with_spectrum(spec, rng);
   const std::string dimension = "dimension " + std::to_string(n);
   for (auto method : methods) {
-    const auto A = to_view<T>(a, n, "G[2]");
+    const auto A = device_square<T>(a, n, "G[2]");
     const auto before = bytes_of(A);
     TestMatrix<T> inv("inv", n, n);
     try {
@@ -471,7 +466,7 @@ void check_inverse_rejects(int n, std::initializer_list<kdist::InverseMethod> me
     b[3 * n + 5] = std::numeric_limits<double>::quiet_NaN();
     b[1 * n + 20] = std::numeric_limits<double>::infinity();
     b[22 * n + 2] = std::numeric_limits<double>::quiet_NaN();
-    const auto B = to_view<T>(b, n, "A[7]");
+    const auto B = device_square<T>(b, n, "A[7]");
     const auto B_before = bytes_of(B);
     try {
       kdist::spd_inverse(TestExec(), B, 1e-3, inv, method);
@@ -487,8 +482,8 @@ void check_inverse_rejects(int n, std::initializer_list<kdist::InverseMethod> me
     Dense lower_bad = clean;
     for (int i = 1; i < n; ++i) lower_bad[i * n + i - 1] = std::numeric_limits<double>::quiet_NaN();
     TestMatrix<T> inv_clean("inv_clean", n, n);
-    kdist::spd_inverse(TestExec(), to_view<T>(clean, n, "clean"), 1e-3, inv_clean, method);
-    kdist::spd_inverse(TestExec(), to_view<T>(lower_bad, n, "lower_bad"), 1e-3, inv, method);
+    kdist::spd_inverse(TestExec(), device_square<T>(clean, n, "clean"), 1e-3, inv_clean, method);
+    kdist::spd_inverse(TestExec(), device_square<T>(lower_bad, n, "lower_bad"), 1e-3, inv, method);
     CHECK(to_dense(inv) == to_dense(inv_clean));
   }
 }
@@ -667,7 +662,7 @@ TEMPLATE_TEST_CASE("InverseWorkspace: reused across sizes, same results, no real
   CHECK(ws.bytes() == 0);
   const auto check = [&](int n, kdist::InverseMethod method) {
     const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 0.05), rng));
-    const auto A = to_view<T>(a, n, "A");
+    const auto A = device_square<T>(a, n, "A");
     TestMatrix<T> with("with_workspace", n, n), plain("plain", n, n);
     kdist::spd_inverse(TestExec(), A, 1e-3, with, ws, method);
     kdist::spd_inverse(TestExec(), A, 1e-3, plain, method);
@@ -693,7 +688,7 @@ TEMPLATE_TEST_CASE("InverseWorkspace: reused across sizes, same results, no real
   // The eigendecomposition through the same workspace.
   const int n = 30;
   auto spec = kdist_test::geometric_spectrum(n, 2.0, 0.1);
-  const auto A = to_view<T>(kdist_test::matrix_with_spectrum(spec, rng), n, "A");
+  const auto A = device_square<T>(kdist_test::matrix_with_spectrum(spec, rng), n, "A");
   TestVector<T> w1("w1", n), w2("w2", n);
   TestMatrix<T> Q1("Q1", n, n), Q2("Q2", n, n);
   kdist::symmetric_eigen(TestExec(), A, w1, Q1, ws);
@@ -706,7 +701,8 @@ TEMPLATE_TEST_CASE("InverseWorkspace: reused across sizes, same results, no real
   Dense bad(static_cast<std::size_t>(n) * n, 0.0);
   bad[0] = std::numeric_limits<double>::quiet_NaN();
   TestMatrix<T> out("out", n, n);
-  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), to_view<T>(bad, n, "bad"), 0.1, out, ws), kdist::NumericalError);
+  REQUIRE_THROWS_AS(kdist::spd_inverse(TestExec(), device_square<T>(bad, n, "bad"), 0.1, out, ws),
+                    kdist::NumericalError);
   CHECK(ws.allocations() == grown);
   check(n, kdist::InverseMethod::cholesky);
 

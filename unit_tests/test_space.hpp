@@ -54,6 +54,12 @@ TestMatrix<T, Layout> device_matrix(const std::string& label, int rows, int cols
   return m;
 }
 
+/// An n x n TestMem matrix holding the row-major n x n `a` (a reference's dense matrix).
+template <class T>
+TestMatrix<T> device_square(const std::vector<double>& a, int n, const std::string& label) {
+  return device_matrix<T>(label, n, n, [&](int i, int j) { return a[static_cast<std::size_t>(i) * n + j]; });
+}
+
 /// A B x C x H x W TestMem tensor (NCHW) holding the row-major flat vector `values`.
 template <class T, class Layout = Kokkos::LayoutRight>
 Kokkos::View<T****, Layout, TestMem> device_nchw(const std::string& label, int B, int C, int H, int W,
