@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <kdist/core/im2col.hpp>
 #include <kdist/kfac/preconditioner.hpp>
+#include <string>
 #include <vector>
 
 #include "test_space.hpp"
@@ -419,6 +421,16 @@ inline std::string expensive_inverse_models() {
   const std::string path = "kfac_test_models." + std::to_string(world_rank()) + ".json";
   store.save(path);
   return path;
+}
+
+/// What f throws (its what()), or "" when it returns.
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline Options base_options() {

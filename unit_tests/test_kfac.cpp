@@ -199,6 +199,26 @@ TEST_CASE("kfac: measured Cholesky solves decide alike on every rank, among the 
   }
 }
 
+// measured's all-reduce of the times is labelled with inverse_every and every case it timed: ranks
+// that disagree on either (the last rank's middle layer one output wider, or its inverses every 2
+// steps) are refused at construction on every rank, never given a choice from mixed times.
+TEST_CASE("kfac: measured Cholesky solves refuse ranks that disagree on the layers or the period, on every rank",
+          "[kfac]") {
+  if (world_size() < 2) return;
+  const bool odd = world_rank() == world_size() - 1;
+  for (const bool wider : {true, false}) {
+    INFO((wider ? "a wider layer" : "another inverse period") << " on rank " << world_size() - 1);
+    auto layers = network();
+    Options o = base_options();
+    o.cholesky_solves = CholeskySolves::measured;
+    if (odd && wider) layers[1] = Dense(7, 5, true);
+    if (odd && !wider) o.inverse_every = 2;
+    comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+    const std::string m = message_of([&] { Preconditioner<double, TestMem> kfac(engine, layers, o); });
+    CHECK_THAT(m, Catch::Contains("disagree") && Catch::Contains("kfac cholesky solve costs"));
+  }
+}
+
 // The rule itself: keep R when inverse_every applications' extra solve time stays under potri's;
 // a case is timed at d <= 512, k <= 256 and scaled by d^3 (potri) and d^2 k (the products).
 TEST_CASE("kfac: the Cholesky-solve rule weighs potri against the solves' extra time", "[kfac]") {

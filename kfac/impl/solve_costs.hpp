@@ -23,6 +23,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -105,7 +106,10 @@ SolveTimes measure_solve_times(const typename M::execution_space& exec, const So
 }
 
 /// Per case: keep R? Each distinct measured case is timed once here, the times all-reduced (max)
-/// over the engine's ranks. Collective: every rank passes the same cases.
+/// over the engine's ranks. Collective: the all-reduce's label carries inverse_every and every
+/// case, so ranks that pass different ones get the Engine's disagreement error on every rank, not
+/// a choice taken from mixed times; a rank whose timing throws fails the Engine, so its peers
+/// raise RemoteError instead of waiting.
 template <class T, class M>
 std::vector<bool> choose_cholesky(comm::Engine& engine, const typename M::execution_space& exec,
                                   const std::vector<SolveCase>& cases, int inverse_every) {
@@ -115,12 +119,20 @@ std::vector<bool> choose_cholesky(comm::Engine& engine, const typename M::execut
     const SolveCase m = measured_case(c);
     if (index.emplace(std::make_pair(std::make_pair(m.d, m.k), m.left), measured.size()).second) measured.push_back(m);
   }
+  std::string label = "kfac cholesky solve costs, inverses every " + std::to_string(inverse_every) + ":";
+  for (const SolveCase& c : cases)
+    label += " " + std::to_string(c.d) + "x" + std::to_string(c.k) + (c.left ? "L" : "R");
   std::vector<double> times;
-  for (const SolveCase& m : measured) {
-    const SolveTimes t = measure_solve_times<T, M>(exec, m);
-    times.insert(times.end(), {t.potri, t.product, t.solves});
+  try {
+    for (const SolveCase& m : measured) {
+      const SolveTimes t = measure_solve_times<T, M>(exec, m);
+      times.insert(times.end(), {t.potri, t.product, t.solves});
+    }
+  } catch (...) {
+    engine.fail(std::current_exception());
+    throw;
   }
-  times = engine.allreduce_values(std::move(times), comm::ReduceOp::max, "kfac cholesky solve costs");
+  times = engine.allreduce_values(std::move(times), comm::ReduceOp::max, label);
   std::vector<bool> keep;
   for (const SolveCase& c : cases) {
     const SolveCase m = measured_case(c);
