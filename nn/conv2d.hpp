@@ -9,9 +9,11 @@
 //
 // OH = (H + 2·padding - kh)/stride + 1, likewise OW. The weight is c_out x (c_in·kh·kw),
 // LayoutRight, column (c·kh + p)·kw + q: PyTorch's weight.view(c_out, -1), the order kfac uses.
-// forward caches the patches P (its own column-major copy, reused while the shapes stay the
-// same), so x may change after forward; the products are column-major gemms on P, on the output
-// columns and on the weight's storage read as Wᵀ, so nothing is transposed. Attached
+// forward keeps what backward needs, so x may change after forward: the batch's patches P where
+// K-FAC reads them or a device runs the batch at once, else a copy of x, from which the host
+// forms each chunk's P again in backward (in cache, cheaper than keeping them all). The products
+// are column-major gemms on P, on the output columns and on the weight's storage read as Wᵀ, so
+// nothing is transposed. Attached
 // (attach(&kfac, l)), forward calls kfac->on_forward(exec, l, geometry, P) once P is formed
 // (factor A reuses the patches; on_forward(exec, l, x) instead where kfac computes A faster from
 // x) and backward kfac->on_backward(exec, l, dy) with the NCHW output gradient of the MEAN loss
@@ -172,16 +174,16 @@ class Conv2d : public impl::Affine<T, Mem> {
     impl::require_extents(func, y, extents(g.batch, this->layer_.outputs(), g.out_h(), g.out_w()),
                           "(batch x out_channels x out_h x out_w)" + why);
     impl::require_disjoint(func, x, y);
-    // With a bias the patches get a last column of ones, ā itself: factor A is then one syrk.
-    const int K = g.patch(), augmented = this->layer_.bias() ? 1 : 0;
-    impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", g.rows(), K + augmented);
-    if (augmented) Kokkos::deep_copy(exec, Kokkos::subview(patches_, Kokkos::ALL(), K), T(1));
+    keeps_patches_ = !on_host || this->hook_reads_patches(g);
+    reserve_patches(exec, g);
+    if (!keeps_patches_) {
+      impl::ensure_like(exec, input_, "kdist::nn::Conv2d::input", x);
+      Kokkos::deep_copy(exec, input_, x);
+    }
     reserve_chunks(exec, g);
     // Chunk by chunk, so each chunk's patches are still in cache for its gemm.
     for_chunks(g, [&](const Conv2dGeometry& c, int first, const Range& rows) {
-      const auto P = Kokkos::subview(patches_, rows, Range(0, K));
-      static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
-                    "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
+      const auto P = chunk_patches(c, rows);
       kdist::impl::im2col_kernel(exec, func, c, images(x, first, c.batch), P);
       if (c.batch == 1 && y.span_is_contiguous()) {
         // One image's output (out x OH·OW, row-major) is the column-major matrix the gemm
@@ -216,7 +218,8 @@ class Conv2d : public impl::Affine<T, Mem> {
     // Chunk by chunk: dWᵀ += Pᵀ dY (the weight's row-major storage read column-major), then
     // dP = dY W in a chunk-sized scratch that col2im reads while it is still in cache.
     for_chunks(g, [&](const Conv2dGeometry& c, int first, const Range& rows) {
-      const auto P = Kokkos::subview(patches_, rows, Range(0, g.patch()));
+      const auto P = chunk_patches(c, rows);
+      if (!keeps_patches_) kdist::impl::im2col_kernel(exec, func, c, images(input_, first, c.batch), P);
       // One image's dy is already the column-major matrix dY; a chunk of several is copied.
       const bool in_place = c.batch == 1 && dy.span_is_contiguous();
       const ConstColumns dY = in_place ? image_columns(dy, first) : chunk(columns_, c.rows(), this->layer_.outputs());
@@ -273,6 +276,31 @@ class Conv2d : public impl::Affine<T, Mem> {
       f(c, first, Range(first * rows_per_image, (first + c.batch) * rows_per_image));
     }
   }
+  /// The patch matrix: the whole batch's when the device runs it in one launch or K-FAC reads
+  /// it (with a bias a last column of ones, ā itself: factor A is then one syrk); otherwise one
+  /// chunk's, formed again in backward from a copy of the input, so that it is written and read
+  /// in a core's L2 instead of streaming the batch's (20 MB for the CNN's conv2) through L3.
+  void reserve_patches(const execution_space& exec, const Conv2dGeometry& g) {
+    const int K = g.patch();
+    if (!keeps_patches_) {
+      const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
+      if (patches_.size() < std::size_t(rows) * K) impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", rows, K);
+      return;
+    }
+    const int augmented = this->layer_.bias() ? 1 : 0;
+    impl::ensure(exec, patches_, "kdist::nn::Conv2d::patches", g.rows(), K + augmented);
+    if (augmented) Kokkos::deep_copy(exec, Kokkos::subview(patches_, Kokkos::ALL(), K), T(1));
+  }
+  /// A chunk's patch matrix: its rows of the whole batch's, or the chunk-sized scratch.
+  auto chunk_patches(const Conv2dGeometry& c, const Range& rows) const {
+    const int K = c.patch();
+    const auto all = keeps_patches_ ? WeightColumns(patches_.data(), patches_.extent(0), patches_.extent(1))
+                                    : chunk(patches_, c.rows(), K);
+    const auto P = Kokkos::subview(all, keeps_patches_ ? rows : Range(0, c.rows()), Range(0, K));
+    static_assert(std::is_same<typename decltype(P)::array_layout, Kokkos::LayoutLeft>::value,
+                  "kdist::nn::Conv2d: a row range of the patches must stay LayoutLeft for the BLAS gemm");
+    return P;
+  }
   void reserve_chunks(const execution_space& exec, const Conv2dGeometry& g) {
     const int rows = images_per_chunk(g) * g.out_h() * g.out_w();
     if (columns_.size() < std::size_t(rows) * this->layer_.outputs())
@@ -321,6 +349,8 @@ class Conv2d : public impl::Affine<T, Mem> {
   // Column-major, so gemm and the factor's syrk read them in place and im2col, col2im and the
   // NCHW copies run along contiguous rows.
   Columns patches_, dpatches_, columns_;
+  bool keeps_patches_ = true;  // patches_ holds the whole batch's (else one chunk's, and input_ x)
+  Tensor4<T, Mem> input_;
   bool dpatches_zero_ = false;  // every entry of dpatches_ is 0 (host: see patch_gradients)
 };
 

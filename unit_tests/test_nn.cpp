@@ -289,6 +289,46 @@ TEST_CASE("nn::Conv2d: a batch run in several chunks equals its images run one a
   CHECK(max_relative(download(batch.bias_gradient()), db_sum) <= 1e-12);
 }
 
+// A host Conv2d that K-FAC does not read the patches of keeps one chunk's and forms them again in
+// backward from a copy of forward's input; attached to a Preconditioner that reads them, it keeps
+// the batch's. Either way backward sees the input forward saw, and the gradients agree.
+TEST_CASE("nn::Conv2d: backward uses forward's input after the caller changed it, patches kept or formed again",
+          "[nn]") {
+  TestExec exec;
+  const int B = 5, C = 3, H = 9, W = 8, O = 4;  // stride 2: K-FAC forms A from the patches
+  const Values xv = random_values(B * C * H * W, 41), wv = random_values(O * C * 9, 42), bv = random_values(O, 43);
+  nn::Conv2d<double, TestMem> plain(C, O, 3, 3, 2, 1), changed(C, O, 3, 3, 2, 1), attached(C, O, 3, 3, 2, 1);
+  kfac::Options options;
+  options.damping = 0.01;
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  kfac::Preconditioner<double, TestMem> kfac(engine, {attached.kfac_layer()}, options);
+  attached.attach(&kfac, 0);
+  const int OH = 5, OW = 4;
+  const T4 dy = kdist_test::device_nchw<double>("dy", B, O, OH, OW, random_values(B * O * OH * OW, 44));
+  struct Result {
+    Values y, dx, dw, db;
+  };
+  const auto run = [&](nn::Conv2d<double, TestMem>& conv, bool change_x) {
+    upload(conv.weight(), wv);
+    upload(conv.bias(), bv);
+    const T4 x = kdist_test::device_nchw<double>("x", B, C, H, W, xv);
+    T4 y("y", B, O, OH, OW), dx("dx", B, C, H, W);
+    conv.forward(exec, x, y);
+    if (change_x) Kokkos::deep_copy(x, 1e3);
+    conv.backward(exec, dy, dx);
+    return Result{download(y), download(dx), download(conv.weight_gradient()), download(conv.bias_gradient())};
+  };
+  const Result want = run(plain, false), after_change = run(changed, true), kept = run(attached, true);
+  CHECK(after_change.y == want.y);
+  CHECK(after_change.dx == want.dx);
+  CHECK(after_change.dw == want.dw);
+  CHECK(after_change.db == want.db);
+  CHECK(max_relative(kept.y, want.y) <= 1e-13);
+  CHECK(max_relative(kept.dx, want.dx) <= 1e-13);
+  CHECK(max_relative(kept.dw, want.dw) <= 1e-13);
+  CHECK(max_relative(kept.db, want.db) <= 1e-13);
+}
+
 TEMPLATE_TEST_CASE("nn: the device forms of the bias kernels (teams, one thread per entry) equal naive loops", "[nn]",
                    float, double) {
   // Called directly, so a host build tests what a GPU runs. Eighths: every sum exact in float.

@@ -161,9 +161,14 @@ class Affine {
   /// where factor A is cheaper from x (kfac::conv2d_a_factor_prefers_input).
   template <class PView, class XView>
   void hook_forward_conv(const execution_space& exec, const Conv2dGeometry& g, const PView& patches, const XView& x) {
-    if (!kfac_) return;
-    if (kfac::conv2d_a_factor_prefers_input<execution_space>(layer_, g)) return kfac_->on_forward(exec, index_, x);
-    kfac_->on_forward(exec, index_, g, patches);
+    if (hook_reads_patches(g))
+      kfac_->on_forward(exec, index_, g, patches);
+    else if (kfac_)
+      kfac_->on_forward(exec, index_, x);
+  }
+  /// Whether hook_forward_conv reads the patch matrix of a batch of geometry g.
+  bool hook_reads_patches(const Conv2dGeometry& g) const {
+    return kfac_ != nullptr && !kfac::conv2d_a_factor_prefers_input<execution_space>(layer_, g);
   }
   template <class YView>
   void hook_backward(const execution_space& exec, const YView& dy) {
