@@ -30,6 +30,16 @@ const char* to_string(CholeskySolves c) {
   return "?";
 }
 
+const char* to_string(FactorSync f) {
+  switch (f) {
+    case FactorSync::every_step:
+      return "every-step";
+    case FactorSync::before_inverses:
+      return "before-inverses";
+  }
+  return "?";
+}
+
 bool parse_strategy(const std::string& text, Strategy* out) {
   for (Strategy s : {Strategy::spd, Strategy::mpdkfac, Strategy::dkfac})
     if (text == to_string(s)) {

@@ -31,9 +31,13 @@ enum class Strategy { spd, mpdkfac, dkfac };
 enum class Gradients { averaged, per_rank };
 /// Where a factor may be kept as its Cholesky factor, whether it is (Options::cholesky_solves).
 enum class CholeskySolves { always, measured, never };
+/// When the ranks' factors are all-reduced (Options::factor_sync).
+enum class FactorSync { every_step, before_inverses };
 const char* to_string(Strategy s);
 /// "always", "measured" or "never".
 const char* to_string(CholeskySolves c);
+/// "every-step" or "before-inverses".
+const char* to_string(FactorSync f);
 /// "spd", "mpdkfac" or "dkfac"; false for anything else.
 bool parse_strategy(const std::string& text, Strategy* out);
 
@@ -56,6 +60,14 @@ struct Options {
   /// may differ between two runs of the same job, and their updates then by rounding. never: every
   /// factor inverted, as kfac-pytorch does. Only with inverse_method cholesky.
   CholeskySolves cholesky_solves = CholeskySolves::always;
+  /// every_step: every factor step all-reduces the factors, so they are the same on every rank
+  /// after each step (SPD-KFAC and kfac-pytorch; pipelined behind forward and backward by spd).
+  /// before_inverses: only the factor steps that are also inverse steps do (kfac-jax's lazy sync);
+  /// in between each rank's running average takes its own batches only. The average is linear, so
+  /// the factors inverted are the same up to rounding, for the factor all-reduce of one step in
+  /// inverse_every. Between syncs factor(f) is this rank's; save() syncs first, save_to() asks for
+  /// sync_factors() first.
+  FactorSync factor_sync = FactorSync::every_step;
   /// Preconditioning split over the ranks: each computes one block of every layer's
   /// V = G^-1 [dW | db] A^-1, of its outputs (rows) or inputs (columns), whichever leaves the
   /// busiest rank less work (kfac/precondition_split.hpp), and the blocks are all-gathered.

@@ -10,7 +10,9 @@
 //
 // Factors (kfac/factors.hpp, KFC normalisation) are updated on steps divisible by factor_every:
 // each rank forms xi F + (1 - xi) F_new from its batch and the fused all-reduce averages it, so
-// the running factors stay identical on every rank (identity at start). Pipelined (spd), the
+// the running factors stay identical on every rank (identity at start; with Options::factor_sync
+// before_inverses only the inverse steps' all-reduce, the factors rank-local in between, kfac-jax's
+// lazy sync). Pipelined (spd), the
 // hooks hand each factor to the reduction at once and call engine().progress(); otherwise step()
 // hands them all over. Inverses (F + damping I)^-1 are recomputed on steps divisible by
 // inverse_every, placed by kfac/placement.hpp: CT inverses are broadcast as packed upper
@@ -73,6 +75,7 @@ struct Stats {
   double factor_compute = 0;        ///< in the hooks: factor products, EMA, packing (not the
                                     ///< layer's own queued work, which a hook waits for first)
   double factor_comm_exposed = 0;   ///< in step(): waiting for the factor all-reduce
+  long long factor_syncs = 0;       ///< factor all-reduces (Options::factor_sync)
   double inverse_compute = 0;       ///< inverting own CT and all NCT factors
   double inverse_comm_exposed = 0;  ///< waiting for CT broadcasts and unpacking them
   double precondition = 0;          ///< V = G^-1 grad A^-1 and the KL clip
@@ -127,6 +130,12 @@ class Preconditioner {
   /// checkpoint): not collective, every rank holds all of it. load_from checks everything first.
   void save_to(StateWriter& out, const std::string& prefix = "kfac.") const;
   void load_from(const StateReader& in, const std::string& prefix = "kfac.");
+  /// With FactorSync::before_inverses: all-reduces the running factors if they are rank-local
+  /// (a factor step since the last sync), as an inverse step would; else nothing. Collective, only
+  /// between steps: every rank calls it, e.g. before one of them calls save_to().
+  void sync_factors(const execution_space& exec);
+  /// Whether the running factors are this rank's own (FactorSync::before_inverses, between syncs).
+  bool factors_local() const noexcept { return factors_local_; }
   /// The `kind` of the file save() writes.
   static constexpr const char* kStateKind = "kdist.kfac";
 
@@ -198,7 +207,14 @@ class Preconditioner {
   /// Factor f's pending upper triangle := its running one; returns pending, for the blend.
   const Matrix& start_factor(const execution_space& exec, int f);
   void accept_factor(const execution_space& exec, int f, int l);
+  bool factor_step() const noexcept { return step_ % options_.factor_every == 0; }
+  bool inverse_step() const noexcept { return step_ % options_.inverse_every == 0 || !have_inverses_; }
+  /// Whether this step's factors are all-reduced, if it is a factor step (Options::factor_sync):
+  /// the hooks and step() ask alike, between which nothing it reads changes.
+  bool syncs_factors() const noexcept { return options_.factor_sync == FactorSync::every_step || inverse_step(); }
   void reduce_factors(const execution_space& exec);
+  /// All-reduces the running factors in place (the rank-local ones, before inverting them).
+  void reduce_running_factors(const execution_space& exec);
   /// The blended factors become the running ones (and back, when a step fails after the swap).
   void swap_running_and_pending();
   void update_inverses(const execution_space& exec);
@@ -256,6 +272,7 @@ class Preconditioner {
   impl::HookOrder order_;
   long long step_ = 0, factor_steps_ = 0, replan_after_ = 0;
   bool have_inverses_ = false;
+  bool factors_local_ = false;  ///< a factor step since the last sync (FactorSync::before_inverses)
   double last_clip_ = 1.0;
   std::string restored_;  ///< what load() did, for describe()
   Stats stats_;
@@ -285,11 +302,11 @@ template <class ComputeA>
 void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, const ComputeA& compute) {
   require(order_.check_layer("on_forward", l));
   require(order_.check_forward(l));
-  if (step_ % options_.factor_every != 0) return order_.advance_forward();
+  if (!factor_step()) return order_.advance_forward();
   wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor A", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();
-  if (l == 0 && switches_.pipelined) fused_->begin();
+  if (l == 0 && switches_.pipelined && syncs_factors()) fused_->begin();
   const Matrix& blended = start_factor(exec, a_index(l));
   try {
     compute(blended, FactorUpdate::running_average(options_.factor_decay));
@@ -310,7 +327,7 @@ template <class YView>
 void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const YView& dy) {
   require(order_.check_layer("on_backward", l));
   require(order_.check_backward(l));
-  if (step_ % options_.factor_every != 0) return order_.advance_backward();
+  if (!factor_step()) return order_.advance_backward();
   wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor G", options_.timeline, "kfac factors");
   const double t0 = Clock::local_now();

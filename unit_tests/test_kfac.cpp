@@ -84,6 +84,19 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     o.inverse_every = 3;
     variants.push_back({s == Strategy::mpdkfac ? "mpdkfac, k1 = 2, k2 = 3" : "dkfac, k1 = 2, k2 = 3", o});
   }
+  // kfac-jax's lazy sync: the factors all-reduced on inverse steps only. With k1 = 2 the inverse
+  // step 3 makes no factor: it all-reduces the running ones, rank-local since step 2.
+  for (const auto& [s, k1] : {std::pair{Strategy::spd, 1}, {Strategy::spd, 2}, {Strategy::mpdkfac, 2}}) {
+    Options o = base_options();
+    o.strategy = s;
+    o.factor_every = k1;
+    o.inverse_every = 3;
+    o.factor_sync = FactorSync::before_inverses;
+    variants.push_back({s == Strategy::spd ? (k1 == 1 ? "spd, factors synced before inverses, k2 = 3"
+                                                      : "spd, factors synced before inverses, k1 = 2, k2 = 3")
+                                           : "mpdkfac, factors synced before inverses, k1 = 2, k2 = 3",
+                        o});
+  }
   variants.push_back({"Conv2d hooked with im2col patches and their ones column", base_options(), Hooks::patches});
   variants.push_back({"Dense hooked with LayoutLeft views", base_options(), Hooks::layout_left});
   for (const auto& v : variants) {
@@ -110,6 +123,70 @@ TEST_CASE("kfac: preconditioned gradients equal the dense double reference for e
     }
     CHECK(kfac.stats().steps == steps);
   }
+}
+
+TEST_CASE("kfac: factors synced before inverse steps only are rank-local in between, and saved in sync", "[kfac]") {
+  const auto layers = network();
+  Options o = base_options();
+  o.inverse_every = 3;
+  o.factor_sync = FactorSync::before_inverses;
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(engine, layers, o);
+  CHECK_THAT(kfac.describe(), Catch::Contains("factors all-reduced before inverse steps only"));
+  const int steps = 5;  // synced at steps 0 and 3; step 4's factors are each rank's own
+  const auto got = train(kfac, layers, 0, steps);
+  std::vector<std::vector<double>> want_factors;
+  const auto want = reference(layers, o, steps, &want_factors);
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    CHECK(max_relative(got[s], want[s]) < 1e-6);
+  }
+  CHECK(kfac.stats().factor_syncs == 2);
+  REQUIRE(kfac.factors_local());
+  const auto factors_off = [&] {
+    double worst = 0;
+    for (int f = 0; f < kfac.factors(); ++f) {
+      const auto F = kdist_test::to_host(kfac.factor(f));
+      std::vector<double> flat(F.data(), F.data() + F.size());  // symmetric: either order
+      worst = std::max(worst, max_relative(flat, want_factors[static_cast<std::size_t>(f)]));
+    }
+    return worst;
+  };
+  if (world_size() > 1) CHECK(factors_off() > 1e-6);  // each rank's batches differ
+  StateWriter out(Preconditioner<double, TestMem>::kStateKind);
+  CHECK_THROWS_WITH(kfac.save_to(out), Catch::Contains("rank-local at step 5") && Catch::Contains("sync_factors()") &&
+                                           Catch::Contains("rank " + std::to_string(world_rank())));
+  kfac.sync_factors(TestExec());
+  CHECK_FALSE(kfac.factors_local());
+  CHECK(kfac.stats().factor_syncs == 3);
+  CHECK(factors_off() < 1e-12);
+  kfac.sync_factors(TestExec());  // in sync already: no all-reduce
+  CHECK(kfac.stats().factor_syncs == 3);
+  CHECK_NOTHROW(kfac.save_to(out));
+  // save() syncs first: a run resumed from its file starts from the global factors.
+  train(kfac, layers, steps, 1);
+  REQUIRE(kfac.factors_local());
+  const std::string path = "test_kfac_lazy_sync.bin";
+  kfac.save(path);
+  CHECK_FALSE(kfac.factors_local());
+  comm::Engine resumed_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> resumed(resumed_engine, layers, o);
+  resumed.load(path);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
+  for (int f = 0; f < kfac.factors(); ++f) {
+    INFO("factor " << f);
+    const auto a = kdist_test::to_host(kfac.factor(f)), b = kdist_test::to_host(resumed.factor(f));
+    CHECK(std::equal(a.data(), a.data() + a.size(), b.data()));
+  }
+  // Every factor step syncs by default.
+  Options every = o;
+  every.factor_sync = FactorSync::every_step;
+  comm::Engine every_engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> each(every_engine, layers, every);
+  train(each, layers, 0, steps);
+  CHECK(each.stats().factor_syncs == steps);
+  CHECK_FALSE(each.factors_local());
 }
 
 TEST_CASE("kfac: split preconditioning takes the axis whose busiest rank does less", "[kfac]") {

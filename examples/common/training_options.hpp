@@ -5,7 +5,8 @@
 //   in the set is refused as CLI::IsMember refuses ("--model: foo not in {mlp,cnn}"), a number is
 //   refused like any other word, and --help shows the names and the default's name.
 // - add_kfac_options(): --strategy, --damping, --factor-decay, --kl-clip, --factor-every,
-//   --inverse-every, --replicated-precondition, --cholesky-solves and --invert-every-factor, parsed straight into a
+//   --inverse-every, --replicated-precondition, --cholesky-solves, --invert-every-factor and --factor-sync, parsed
+//   straight into a
 //   kdist::kfac::Options that starts from kfac_job_defaults() (the jobs' tuned values, not the library's).
 // - Schedule, add_schedule_option() and learning_rate(): --lr-schedule constant or cosine, the
 //   rate at the fraction of all steps taken (from epoch and step, so a resumed run follows the
@@ -58,6 +59,9 @@ inline const Names<kdist::kfac::CholeskySolves> kCholeskySolvesNames{
     {"always", kdist::kfac::CholeskySolves::always},
     {"measured", kdist::kfac::CholeskySolves::measured},
     {"never", kdist::kfac::CholeskySolves::never}};
+inline const Names<kdist::kfac::FactorSync> kFactorSyncNames{
+    {kdist::kfac::to_string(kdist::kfac::FactorSync::every_step), kdist::kfac::FactorSync::every_step},
+    {kdist::kfac::to_string(kdist::kfac::FactorSync::before_inverses), kdist::kfac::FactorSync::before_inverses}};
 inline const Names<kdist::kfac::Strategy> kStrategyNames{
     {kdist::kfac::to_string(kdist::kfac::Strategy::spd), kdist::kfac::Strategy::spd},
     {kdist::kfac::to_string(kdist::kfac::Strategy::mpdkfac), kdist::kfac::Strategy::mpdkfac},
@@ -100,6 +104,9 @@ inline void add_kfac_options(CLI::App& app, kdist::kfac::Options& o) {
   app.add_flag_callback(
       "--invert-every-factor", [&o] { o.cholesky_solves = kdist::kfac::CholeskySolves::never; },
       "K-FAC: invert every factor, as kfac-pytorch does (--cholesky-solves never)");
+  add_choice(app, "--factor-sync", o.factor_sync, kFactorSyncNames,
+             "K-FAC: all-reduce the factors every-step (SPD-KFAC, kfac-pytorch) or before-inverses only "
+             "(kfac-jax's lazy sync: the same factors inverted, one factor all-reduce per inverse period)");
 }
 
 enum class Schedule { constant, cosine };

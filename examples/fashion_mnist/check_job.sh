@@ -3,6 +3,7 @@
 #   check_job.sh loss    JOB MPIEXEC COMPARE OPTIMIZER REDUCE MAX_LOSS   2 ranks, a few hundred steps
 #   check_job.sh repeat  JOB MPIEXEC COMPARE   same seed twice: bit-identical parameters
 #   check_job.sh resume  JOB MPIEXEC COMPARE   checkpoint + resume == uninterrupted, bit for bit
+#                        (K-FAC with --factor-sync before-inverses: up to rounding)
 #                        (at an epoch end and inside an epoch; SGD, K-FAC, and Adasum's per-rank momenta)
 #   check_job.sh resume_ranks JOB MPIEXEC COMPARE
 #                        saved inside an epoch at 2 ranks, resumed at 1, 3 and 4 ranks (global
@@ -59,6 +60,13 @@ case "$mode" in
       run 2 "$@" --resume "$work/ck" --save-model "$work/resumed.bin"
       "$compare" "$work/straight.bin" "$work/resumed.bin" 0
     done
+    # Factors synced before inverse steps only: a checkpoint all-reduces the rank-local factors
+    # first, so the resumed run matches the uninterrupted one up to rounding.
+    set -- --optimizer kfac --factor-sync before-inverses --epochs 2 --limit-batches 20
+    run 2 "$@" --save-model "$work/straight.bin"
+    run 2 "$@" --stop-after 27 --checkpoint-every 5 --checkpoint "$work/ck"
+    run 2 "$@" --resume "$work/ck" --save-model "$work/resumed.bin"
+    "$compare" "$work/straight.bin" "$work/resumed.bin" 1e-5
     ;;
   resume_ranks)
     for opt in "--optimizer sgd" "--optimizer kfac"; do

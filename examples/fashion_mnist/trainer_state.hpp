@@ -30,6 +30,7 @@ inline void Trainer::save(const Position& at) {
   if (s_.checkpoint.empty()) return;
   const bool per_rank = s_.reduce == Reduce::adasum;  // each rank has its own momentum
   const Flat momenta = per_rank ? all_ranks_velocities() : Flat();
+  if (kfac_) kfac_->sync_factors(Exec());  // rank-local ones (--factor-sync before-inverses), if any
   if (world_.rank() == 0) {
     kdist::StateWriter out(kCheckpointKind);
     write_job_fields(out, s_, world_.size(), at);

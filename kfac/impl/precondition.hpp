@@ -171,7 +171,7 @@ void Preconditioner<T, M>::accept_factor(const execution_space& exec, int f, int
         static_cast<long long>(d), engine_.rank(),
         std::to_string(bad) + " of the factor's " + std::to_string(d) + " diagonal entries are not finite"));
   }
-  if (switches_.pipelined) fused_->ready(exec, f, slot.pending);
+  if (switches_.pipelined && syncs_factors()) fused_->ready(exec, f, slot.pending);
 }
 
 // ---- step ---------------------------------------------------------------------------------
@@ -183,15 +183,22 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
                           std::to_string(layers()) + " layers (rank " + std::to_string(engine_.rank()) + ")"));
   require(order_.check_step());
   for (int l = 0; l < layers(); ++l) require(check_gradient(l, gradients[static_cast<std::size_t>(l)]));
-  const bool factor_step = step_ % options_.factor_every == 0;
-  const bool inverse_step = step_ % options_.inverse_every == 0 || !have_inverses_;
-  if (factor_step) reduce_factors(exec);
+  const bool factor_step = this->factor_step(), inverse_step = this->inverse_step();
+  const bool sync = factor_step && syncs_factors();
+  if (sync) reduce_factors(exec);
   if (factor_step) swap_running_and_pending();
+  const bool were_local = factors_local_;
+  if (factor_step) factors_local_ = !sync;  // a sync averages pending, local terms and all
   try {
+    // An inverse step that makes no factor (inverse_every not a multiple of factor_every) syncs
+    // the running factors themselves; if the step then fails, they stay averaged, which is the
+    // factor this step would have inverted.
+    if (inverse_step && factors_local_) reduce_running_factors(exec);
     if (inverse_step) update_inverses(exec);
     precondition(exec, gradients);
   } catch (...) {  // the last completed step's factors; inverses half made are made again next time
     if (factor_step) swap_running_and_pending();
+    if (factor_step) factors_local_ = were_local;
     if (inverse_step) have_inverses_ = false;
     fail_and_rethrow();  // e.g. std::bad_alloc: the peers would wait for this rank's broadcasts
   }
@@ -206,8 +213,9 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
   ++step_;
   ++stats_.steps;
   order_.start_step();
-  // Collective, after the step is whole: a failure here (a peer's) leaves a completed step.
-  if (factor_step) maybe_replan();
+  // Collective, after the step is whole: a failure here (a peer's) leaves a completed step. The
+  // plan is made from the ready times of synced steps.
+  if (sync) maybe_replan();
 }
 
 template <class T, class M>
@@ -239,7 +247,26 @@ void Preconditioner<T, M>::reduce_factors(const execution_space& exec) {
     for (int f = 0; f < factors(); ++f) fused_->ready(exec, f, factor_slot(f).pending);
   }
   fused_->wait(exec);
+  ++stats_.factor_syncs;
   stats_.factor_comm_exposed += phase_end(exec, t0);
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::reduce_running_factors(const execution_space& exec) {
+  Phase phase("kdist::kfac::factor all-reduce (exposed)", options_.timeline, "kfac communication");
+  const double t0 = Clock::local_now();
+  fused_->begin();
+  for (int f = 0; f < factors(); ++f) fused_->ready(exec, f, factor_slot(f).running);
+  fused_->wait(exec);
+  factors_local_ = false;
+  ++stats_.factor_syncs;
+  stats_.factor_comm_exposed += phase_end(exec, t0);
+}
+
+template <class T, class M>
+void Preconditioner<T, M>::sync_factors(const execution_space& exec) {
+  require_between_steps("sync_factors");
+  if (factors_local_) reduce_running_factors(exec);
 }
 
 template <class T, class M>

@@ -80,6 +80,12 @@ int Preconditioner<T, M>::convert_inverse_forms(const std::vector<int>& saved,
 template <class T, class M>
 void Preconditioner<T, M>::save_to(StateWriter& out, const std::string& prefix) const {
   require_between_steps("save");
+  // Every rank is in this state alike (it follows from the step count), so each refuses alone.
+  if (factors_local_)
+    kdist::impl::throw_invalid("kdist::kfac::Preconditioner::save_to",
+                               "the running factors are rank-local at step " + std::to_string(step_) +
+                                   " (factor_sync before-inverses): call sync_factors() on every rank first (rank " +
+                                   std::to_string(engine_.rank()) + ")");
   impl::StateCounters counters;
   counters.step = step_;
   counters.factor_steps = factor_steps_;
@@ -130,6 +136,7 @@ void Preconditioner<T, M>::commit(Restore&& r) {
   step_ = c.step;
   factor_steps_ = c.factor_steps;
   have_inverses_ = r.keep_inverses;
+  factors_local_ = false;  // saved in sync (save() syncs first; save_to() refuses local ones)
   const int converted = r.converted;
   const std::string changed = impl::option_differences(c, options_);
   const std::string at = r.origin + " (step " + std::to_string(c.step) + ", saved at " + std::to_string(c.ranks) +
@@ -173,6 +180,7 @@ void Preconditioner<T, M>::load_from(const StateReader& in, const std::string& p
 template <class T, class M>
 void Preconditioner<T, M>::save(const std::string& path) {
   require_between_steps("save");
+  sync_factors(execution_space());
   comm::agree_on_outcome_of(engine_, "kdist::kfac::Preconditioner::save", [&] {
     if (engine_.rank() != 0) return;
     StateWriter out(kStateKind);
@@ -212,7 +220,8 @@ std::string Preconditioner<T, M>::describe() const {
      << ", factor decay " << options_.factor_decay << ", factors every " << options_.factor_every << ", inverses every "
      << options_.inverse_every << " step(s), KL clip " << options_.kl_clip << " at lr " << options_.lr
      << ", inverse by " << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
-     << ", Cholesky solves " << to_string(options_.cholesky_solves)
+     << ", Cholesky solves " << to_string(options_.cholesky_solves) << ", factors all-reduced "
+     << (options_.factor_sync == FactorSync::every_step ? "every factor step" : "before inverse steps only")
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
   if (!restored_.empty()) os << "  " << restored_ << "\n";
