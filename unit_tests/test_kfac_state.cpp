@@ -607,6 +607,35 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
       CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
     }
   }
+  SECTION("ranks that disagree on the factor sync: a mismatch on every rank, not a hang") {
+    if (world_size() > 1) {
+      // Rank 1 syncs before inverse steps only: at step 1 the others all-reduce their factors
+      // where rank 1 all-gathers its preconditioned block.
+      Options o = base_options();
+      o.inverse_every = 4;
+      o.factor_sync = world_rank() == 1 ? FactorSync::before_inverses : FactorSync::every_step;
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
+      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
+    }
+  }
+  SECTION("sync_factors called on one rank only: a mismatch on every rank, not a hang") {
+    if (world_size() > 1) {
+      Options o = base_options();
+      o.inverse_every = 4;
+      o.factor_sync = FactorSync::before_inverses;
+      comm::Engine kfac_engine{world};
+      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
+      train(kfac, layers, 0, 2);  // step 1's factors are rank-local
+      REQUIRE(kfac.factors_local());
+      CHECK_THROWS_AS(
+          [&] {
+            if (world_rank() == 0) kfac.sync_factors(exec);
+            train(kfac, layers, 2, 1);
+          }(),
+          Error);
+    }
+  }
   SECTION("NaN in one rank's activations: that rank names it, the others hear it") {
     comm::Engine kfac_engine{world};
     Preconditioner<double, TestMem> kfac(kfac_engine, layers, base_options());
