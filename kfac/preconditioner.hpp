@@ -212,9 +212,9 @@ class Preconditioner {
   /// Whether this step's factors are all-reduced, if it is a factor step (Options::factor_sync):
   /// the hooks and step() ask alike, between which nothing it reads changes.
   bool syncs_factors() const noexcept { return options_.factor_sync == FactorSync::every_step || inverse_step(); }
-  void reduce_factors(const execution_space& exec);
-  /// All-reduces the running factors in place (the rank-local ones, before inverting them).
-  void reduce_running_factors(const execution_space& exec);
+  /// Waits for the factor all-reduce of pending (handed over first unless the hooks did) or, with
+  /// of_running, of the running factors in place (the rank-local ones, before inverting them).
+  void reduce_factors(const execution_space& exec, bool of_running = false);
   /// The blended factors become the running ones (and back, when a step fails after the swap).
   void swap_running_and_pending();
   void update_inverses(const execution_space& exec);

@@ -193,12 +193,14 @@ void Preconditioner<T, M>::step(const execution_space& exec, const std::vector<G
     // An inverse step that makes no factor (inverse_every not a multiple of factor_every) syncs
     // the running factors themselves; if the step then fails, they stay averaged, which is the
     // factor this step would have inverted.
-    if (inverse_step && factors_local_) reduce_running_factors(exec);
+    if (inverse_step && factors_local_) reduce_factors(exec, true);
     if (inverse_step) update_inverses(exec);
     precondition(exec, gradients);
   } catch (...) {  // the last completed step's factors; inverses half made are made again next time
-    if (factor_step) swap_running_and_pending();
-    if (factor_step) factors_local_ = were_local;
+    if (factor_step) {
+      swap_running_and_pending();
+      factors_local_ = were_local;
+    }
     if (inverse_step) have_inverses_ = false;
     fail_and_rethrow();  // e.g. std::bad_alloc: the peers would wait for this rank's broadcasts
   }
@@ -239,26 +241,16 @@ std::string Preconditioner<T, M>::check_gradient(int l, const Gradient& g) const
 }
 
 template <class T, class M>
-void Preconditioner<T, M>::reduce_factors(const execution_space& exec) {
+void Preconditioner<T, M>::reduce_factors(const execution_space& exec, bool of_running) {
   Phase phase("kdist::kfac::factor all-reduce (exposed)", options_.timeline, "kfac communication");
   const double t0 = Clock::local_now();
-  if (!switches_.pipelined) {
+  if (of_running || !switches_.pipelined) {
     fused_->begin();
-    for (int f = 0; f < factors(); ++f) fused_->ready(exec, f, factor_slot(f).pending);
+    for (int f = 0; f < factors(); ++f)
+      fused_->ready(exec, f, of_running ? factor_slot(f).running : factor_slot(f).pending);
   }
   fused_->wait(exec);
-  ++stats_.factor_syncs;
-  stats_.factor_comm_exposed += phase_end(exec, t0);
-}
-
-template <class T, class M>
-void Preconditioner<T, M>::reduce_running_factors(const execution_space& exec) {
-  Phase phase("kdist::kfac::factor all-reduce (exposed)", options_.timeline, "kfac communication");
-  const double t0 = Clock::local_now();
-  fused_->begin();
-  for (int f = 0; f < factors(); ++f) fused_->ready(exec, f, factor_slot(f).running);
-  fused_->wait(exec);
-  factors_local_ = false;
+  if (of_running) factors_local_ = false;
   ++stats_.factor_syncs;
   stats_.factor_comm_exposed += phase_end(exec, t0);
 }
@@ -266,7 +258,7 @@ void Preconditioner<T, M>::reduce_running_factors(const execution_space& exec) {
 template <class T, class M>
 void Preconditioner<T, M>::sync_factors(const execution_space& exec) {
   require_between_steps("sync_factors");
-  if (factors_local_) reduce_running_factors(exec);
+  if (factors_local_) reduce_factors(exec, true);
 }
 
 template <class T, class M>
