@@ -79,6 +79,15 @@ struct Options {
   /// deltas; every rank then computes all of its own V and its own KL clip, since a block computed
   /// elsewhere would come from another rank's gradient.
   Gradients gradients = Gradients::averaged;
+  /// Dense layers precondition their gradient in the factored form their hooks saw, dyᵀ [x 1]
+  /// (rank at most the batch's rows), where that costs this rank fewer multiply-adds than the
+  /// full product: Vᵀ = sum over ranks of (A^-1 [x 1]ᵀ)(G^-1 dyᵀ)ᵀ, weighted, all-reduced
+  /// (kfac/impl/low_rank.hpp; the MLP's 785 x 256 layer at 64 rows a rank: about half the flops).
+  /// The hooks then keep a copy of x and dy on every step, not only factor steps. The gradient
+  /// handed to step() must be the batch's: the ranks' mean or the global batch's mean of what the
+  /// hooks saw, checked by a projection; anything added to it (weight decay, an L2 term, clipping)
+  /// is an InvalidArgument on every rank, since it would be lost. Off: kfac-pytorch's form.
+  bool low_rank_dense = false;
   /// Factor steps whose measured ready times feed the first fusion plan (planned once, after
   /// them; Preconditioner::replan() asks for another). 0: plan at the first step.
   int profile_steps = 3;

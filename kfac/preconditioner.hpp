@@ -21,7 +21,9 @@
 // for averaged gradients: rank r computes its block of the layer's outputs, or of its inputs where
 // that leaves the busiest rank less work, kfac/precondition_split.hpp, and the blocks are
 // all-gathered; Gradients::per_rank: each rank all of its own) and the
-// KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)).
+// KL clip nu = min(1, sqrt(kl_clip / |sum V . grad| lr^2)). With Options::low_rank_dense a Dense
+// layer whose batch is smaller than it is preconditioned from the hooks' x and dy instead, the
+// ranks' terms all-reduced, after a check that the gradient is that batch's (kfac/impl/low_rank.hpp).
 // Damping is never written into the running factors.
 //
 // Errors: wrong extents, an unknown layer, hooks out of order or twice, step() before every hook,
@@ -54,6 +56,7 @@
 #include <kdist/kfac/factors.hpp>
 #include <kdist/kfac/impl/hook_order.hpp>
 #include <kdist/kfac/impl/kernels.hpp>
+#include <kdist/kfac/impl/low_rank.hpp>
 #include <kdist/kfac/impl/slots.hpp>
 #include <kdist/kfac/impl/solve_costs.hpp>
 #include <kdist/kfac/impl/state.hpp>
@@ -79,6 +82,8 @@ struct Stats {
   double inverse_compute = 0;       ///< inverting own CT and all NCT factors
   double inverse_comm_exposed = 0;  ///< waiting for CT broadcasts and unpacking them
   double precondition = 0;          ///< V = G^-1 grad A^-1 and the KL clip
+  long long low_rank_products = 0;  ///< layers preconditioned from their batch, summed over steps
+                                    ///< (Options::low_rank_dense)
 };
 
 template <class T, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
@@ -186,9 +191,27 @@ class Preconditioner {
     if (!message.empty()) raise(InvalidArgument(message));
   }
   void require_between_steps(const char* operation) const { require(order_.check_between_steps(operation)); }
-  /// Order checks, factor period, timing and error wrapping around compute(pending A, update).
-  template <class ComputeA>
-  void forward_hook(const execution_space& exec, int l, const ComputeA& compute);
+  /// Order checks, keep() on every step where keeps_batch(l), then the factor period, timing and
+  /// error wrapping around compute(pending A, update).
+  template <class ComputeA, class Keep>
+  void forward_hook(const execution_space& exec, int l, const ComputeA& compute, const Keep& keep);
+  /// Options::low_rank_dense: Dense layer l keeps each step's batch (kfac/impl/low_rank.hpp).
+  bool keeps_batch(int l) const { return options_.low_rank_dense && layer(l).kind() == LayerKind::dense; }
+  template <class XView>
+  void keep_batch_inputs(const execution_space& exec, int l, const XView& x);
+  template <class YView>
+  void keep_batch_gradients(const execution_space& exec, int l, const YView& dy);
+  /// into := vᵀ, dim x v's rows (a last row of ones where dim > features: the bias); v must be rows x
+  /// features (rows < 0: any). `what` names the hook and the view.
+  template <class View>
+  void keep_batch(const execution_space& exec, int l, const View& v, const char* what, int features, int rows, int dim,
+                  Matrix& into);
+  /// Sets each layer's batch_weight for this step (0: the full product); collective with
+  /// averaged gradients on several ranks. Refuses, on every rank, a gradient that is not the batch's.
+  void choose_low_rank(const execution_space& exec);
+  /// Layer l's Vᵀ from its batch, this rank's weighted term, and the all-reduce summing the terms
+  /// (none with per-rank gradients or one rank).
+  comm::Request precondition_from_batch(const execution_space& exec, int l);
   template <class E>
   [[noreturn]] void raise(const E& e) const {
     engine_.fail(e);
@@ -267,6 +290,8 @@ class Preconditioner {
   std::vector<LayerSlot> layer_slots_;
   std::unique_ptr<Fused> fused_;
   Vector scratch_;
+  Kokkos::View<double*, MemorySpace> sketch_sums_, sketch_rows_;  ///< choose_low_rank's (impl/low_rank.hpp)
+  Vector sketch_u_, sketch_given_;
   FactorWorkspace<T, MemorySpace> factor_ws_;
   InverseWorkspace<T, MemorySpace> inverse_ws_;
   impl::HookOrder order_;
@@ -283,25 +308,34 @@ class Preconditioner {
 template <class T, class M>
 template <class XView>
 void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const XView& x) {
-  forward_hook(exec, l, [&](const Matrix& out, const FactorUpdate& update) { compute_a(exec, l, x, out, update); });
+  forward_hook(
+      exec, l, [&](const Matrix& out, const FactorUpdate& update) { compute_a(exec, l, x, out, update); },
+      [&] { keep_batch_inputs(exec, l, x); });
 }
 
 template <class T, class M>
 template <class PView>
 void Preconditioner<T, M>::on_forward(const execution_space& exec, int l, const Conv2dGeometry& g,
                                       const PView& patches) {
-  forward_hook(exec, l, [&](const Matrix& out, const FactorUpdate& update) {
-    conv2d_a_factor_from_patches(exec, layer(l), g, patches, out, update);
-    layer_slot(l).rows = g.batch;
-    layer_slot(l).spatial = g.out_h() * g.out_w();
-  });
+  forward_hook(
+      exec, l,
+      [&](const Matrix& out, const FactorUpdate& update) {
+        conv2d_a_factor_from_patches(exec, layer(l), g, patches, out, update);
+        layer_slot(l).rows = g.batch;
+        layer_slot(l).spatial = g.out_h() * g.out_w();
+      },
+      [&] {
+        raise(InvalidArgument("kdist::kfac::on_forward: im2col patches for layer " + std::to_string(l) + " " +
+                              layer(l).describe() + ", a Dense layer (rank " + std::to_string(engine_.rank()) + ")"));
+      });
 }
 
 template <class T, class M>
-template <class ComputeA>
-void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, const ComputeA& compute) {
+template <class ComputeA, class Keep>
+void Preconditioner<T, M>::forward_hook(const execution_space& exec, int l, const ComputeA& compute, const Keep& keep) {
   require(order_.check_layer("on_forward", l));
   require(order_.check_forward(l));
+  if (keeps_batch(l)) keep();
   if (!factor_step()) return order_.advance_forward();
   wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor A", options_.timeline, "kfac factors");
@@ -327,6 +361,7 @@ template <class YView>
 void Preconditioner<T, M>::on_backward(const execution_space& exec, int l, const YView& dy) {
   require(order_.check_layer("on_backward", l));
   require(order_.check_backward(l));
+  if (keeps_batch(l)) keep_batch_gradients(exec, l, dy);
   if (!factor_step()) return order_.advance_backward();
   wait_for_queued_work(exec);
   Phase phase("kdist::kfac::factor G", options_.timeline, "kfac factors");
@@ -404,6 +439,51 @@ void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const Y
   } else {
     static_assert(compat::view_rank<YView>() == 2 || compat::view_rank<YView>() == 4,
                   "kdist::kfac::on_backward: output gradients are rank 2 (Dense) or rank 4 NCHW (Conv2d)");
+  }
+}
+
+// The batch's copies for Options::low_rank_dense, on every step: x as [x 1]ᵀ (a_dim x rows) and dy as
+// dyᵀ (g_dim x rows), column-major, which the preconditioning multiplies (and solves) in place.
+template <class T, class M>
+template <class XView>
+void Preconditioner<T, M>::keep_batch_inputs(const execution_space& exec, int l, const XView& x) {
+  LayerSlot& slot = layer_slot(l);
+  keep_batch(exec, l, x, "on_forward: activations", slot.layer.inputs(), -1, slot.layer.a_dim(), slot.batch_x);
+  slot.batch_rows = static_cast<int>(x.extent(0));
+}
+
+template <class T, class M>
+template <class YView>
+void Preconditioner<T, M>::keep_batch_gradients(const execution_space& exec, int l, const YView& dy) {
+  LayerSlot& slot = layer_slot(l);
+  keep_batch(exec, l, dy, "on_backward: output gradients", slot.layer.outputs(), slot.batch_rows, slot.layer.g_dim(),
+             slot.batch_dy);
+}
+
+template <class T, class M>
+template <class View>
+void Preconditioner<T, M>::keep_batch(const execution_space& exec, int l, const View& v, const char* what, int features,
+                                      int rows, int dim, Matrix& into) {
+  std::string bad;
+  if constexpr (compat::view_rank<View>() != 2) {
+    bad = " are not rows x features (rank 2)";
+  } else if (static_cast<int>(v.extent(1)) != features || (rows >= 0 && static_cast<int>(v.extent(0)) != rows)) {
+    bad = " do not have " + (rows >= 0 ? std::to_string(rows) + " rows and " : std::string()) +
+          std::to_string(features) + " columns";
+  }
+  if (!bad.empty())
+    raise(InvalidArgument(std::string("kdist::kfac::") + what + " " + kdist::impl::describe(v) + bad + " (layer " +
+                          std::to_string(l) + " " + layer(l).describe() + ", rank " + std::to_string(engine_.rank()) +
+                          ")"));
+  if constexpr (compat::view_rank<View>() == 2) {
+    try {
+      const int n = static_cast<int>(v.extent(0));
+      if (static_cast<int>(into.extent(1)) != n || into.extent(0) == 0)
+        into = Matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::batch"), dim, n);
+      impl::keep_batch_columns(exec, v, into);
+    } catch (...) {
+      fail_and_rethrow();
+    }
   }
 }
 

@@ -185,10 +185,74 @@ struct DataOn {
   DataOn(const DataOn&) = delete;
   DataOn& operator=(const DataOn&) = delete;
 };
+/// While alive, the global batch is shared unevenly (P = 2: 7 and 5 rows; 3: 5, 4, 3; 4: 4, 3, 3, 2),
+/// as the last batch of an epoch may be.
+struct UnevenShares {
+  UnevenShares() { on() = true; }
+  ~UnevenShares() { on() = false; }
+  UnevenShares(const UnevenShares&) = delete;
+  UnevenShares& operator=(const UnevenShares&) = delete;
+  static bool& on() {
+    static bool uneven = false;
+    return uneven;
+  }
+};
+/// Rank r's share of the global batch among P ranks.
+inline Share share_of(int r, int P) {
+  if (!UnevenShares::on() || P == 1) return {r * kBatch / P, kBatch / P};
+  const auto count = [P](int q) { return kBatch / P + (q == 0 ? 1 : 0) - (q == P - 1 ? 1 : 0); };
+  int first = 0;
+  for (int q = 0; q < r; ++q) first += count(q);
+  return {first, count(r)};
+}
+inline int data_ranks() {
+  return data_group().size > 0 ? data_group().size : world_size();
+}
 inline Share share() {
   const Group& g = data_group();
-  const int P = g.size > 0 ? g.size : world_size(), r = g.size > 0 ? g.rank : world_rank();
-  return {r * kBatch / P, kBatch / P};
+  return share_of(g.size > 0 ? g.rank : world_rank(), data_ranks());
+}
+
+/// A layer's gradient entry: output i, input j (j == inputs: the bias).
+using GradientValue = std::function<double(const Layer& L, int step, int l, int i, int j)>;
+
+/// Values unrelated to the data (salt != 0: a rank's own, under Adasum).
+inline GradientValue independent_gradients(int salt = 0) {
+  return [salt](const Layer& L, int step, int l, int i, int j) {
+    return grad_value(step, l, i, j < L.inputs() ? j : 99, salt);
+  };
+}
+
+/// Dense: the mean over rows [first, first + count) of ghat [x 1]ᵀ, what the layer's backward gives
+/// for those rows; Conv2d: independent values.
+inline double rows_gradient(const Layer& L, int step, int l, int i, int j, Share rows) {
+  if (L.kind() != LayerKind::dense) return grad_value(step, l, i, j < L.inputs() ? j : 99);
+  double sum = 0;
+  for (int r = rows.first; r < rows.first + rows.count; ++r)
+    sum += ghat(step, l, static_cast<long long>(r) * L.g_dim() + i) *
+           (j < L.inputs() ? value(step, l, 0, static_cast<long long>(r) * L.inputs() + j) : 1.0);
+  return sum / rows.count;
+}
+
+/// The global batch's mean-loss gradient (Options::low_rank_dense's "rows' mean").
+inline GradientValue batch_gradients() {
+  return [](const Layer& L, int step, int l, int i, int j) { return rows_gradient(L, step, l, i, j, {0, kBatch}); };
+}
+
+/// The mean over the ranks of each rank's mean-loss gradient (DDP's average; the rows' mean when
+/// the shares are even).
+inline GradientValue ranks_mean_gradients() {
+  return [](const Layer& L, int step, int l, int i, int j) {
+    const int P = data_ranks();
+    double sum = 0;
+    for (int r = 0; r < P; ++r) sum += rows_gradient(L, step, l, i, j, share_of(r, P));
+    return sum / P;
+  };
+}
+
+/// This rank's own mean-loss gradient (Gradients::per_rank).
+inline GradientValue own_gradients() {
+  return [](const Layer& L, int step, int l, int i, int j) { return rows_gradient(L, step, l, i, j, share()); };
 }
 
 template <class T>
@@ -242,22 +306,26 @@ template <class T>
 using Grad = typename Preconditioner<T, TestMem>::Gradient;
 
 template <class T>
-std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step, int salt = 0) {
+std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step, const GradientValue& value) {
   std::vector<Grad<T>> g;
   for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
     const Layer& L = layers[static_cast<std::size_t>(l)];
     Grad<T> x;
-    x.weight = kdist_test::device_matrix<T, Kokkos::LayoutRight>(
-        "dW", L.outputs(), L.inputs(), [&](int i, int j) { return grad_value(step, l, i, j, salt); });
+    x.weight = kdist_test::device_matrix<T, Kokkos::LayoutRight>("dW", L.outputs(), L.inputs(),
+                                                                 [&](int i, int j) { return value(L, step, l, i, j); });
     if (L.bias())
       x.bias = kdist_test::device_vector<T>("db", [&] {
         std::vector<T> v;
-        for (int i = 0; i < L.outputs(); ++i) v.push_back(static_cast<T>(grad_value(step, l, i, 99, salt)));
+        for (int i = 0; i < L.outputs(); ++i) v.push_back(static_cast<T>(value(L, step, l, i, L.inputs())));
         return v;
       }());
     g.push_back(x);
   }
   return g;
+}
+template <class T>
+std::vector<Grad<T>> gradients(const std::vector<Layer>& layers, int step, int salt = 0) {
+  return gradients<T>(layers, step, independent_gradients(salt));
 }
 
 /// Conv2d's forward hook as nn::Conv2d calls it: the im2col patches of its input, LayoutLeft, with
@@ -316,11 +384,11 @@ void run_hooks(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layer
 // Flattened [dW | db] per layer after each step.
 template <class T>
 std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
-                                       int steps, int salt = 0, Hooks hooks = Hooks::views) {
+                                       int steps, const GradientValue& value, Hooks hooks = Hooks::views) {
   std::vector<std::vector<double>> out;
   for (int s = first; s < first + steps; ++s) {
     run_hooks(kfac, layers, s, hooks);
-    auto g = gradients<T>(layers, s, salt);
+    auto g = gradients<T>(layers, s, value);
     kfac.step(TestExec(), g);
     std::vector<double> flat;
     for (const auto& x : g) {
@@ -334,11 +402,17 @@ std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const s
   }
   return out;
 }
+template <class T>
+std::vector<std::vector<double>> train(Preconditioner<T, TestMem>& kfac, const std::vector<Layer>& layers, int first,
+                                       int steps, int salt = 0, Hooks hooks = Hooks::views) {
+  return train(kfac, layers, first, steps, independent_gradients(salt), hooks);
+}
 
 // The reference: the same steps, densely in double; `factors`, when given, gets the running
 // factors at the end, in the preconditioner's order (A_0 .. A_{L-1}, G_{L-1} .. G_0), row-major.
 inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps,
-                                                  std::vector<std::vector<double>>* factors = nullptr, int salt = 0) {
+                                                  std::vector<std::vector<double>>* factors,
+                                                  const GradientValue& value) {
   const int L = static_cast<int>(layers.size());
   std::vector<Mat> A, G, Ainv, Ginv;
   for (const Layer& l : layers) {
@@ -373,8 +447,8 @@ inline std::vector<std::vector<double>> reference(const std::vector<Layer>& laye
       const Layer& Ly = layers[l];
       Mat X = zeros(Ly.outputs(), Ly.a_dim());
       for (int i = 0; i < Ly.outputs(); ++i) {
-        for (int j = 0; j < Ly.inputs(); ++j) X[i][j] = grad_value(s, l, i, j, salt);
-        if (Ly.bias()) X[i][Ly.inputs()] = grad_value(s, l, i, 99, salt);
+        for (int j = 0; j < Ly.inputs(); ++j) X[i][j] = value(Ly, s, l, i, j);
+        if (Ly.bias()) X[i][Ly.inputs()] = value(Ly, s, l, i, Ly.inputs());
       }
       V.push_back(matmul(matmul(Ginv[l], X), Ainv[l]));
       for (int i = 0; i < Ly.outputs(); ++i)
@@ -402,6 +476,11 @@ inline std::vector<std::vector<double>> reference(const std::vector<Layer>& laye
     }
   }
   return out;
+}
+
+inline std::vector<std::vector<double>> reference(const std::vector<Layer>& layers, const Options& o, int steps,
+                                                  std::vector<std::vector<double>>* factors = nullptr, int salt = 0) {
+  return reference(layers, o, steps, factors, independent_gradients(salt));
 }
 
 inline double max_relative(const std::vector<double>& got, const std::vector<double>& want) {

@@ -107,6 +107,9 @@ inline void add_kfac_options(CLI::App& app, kdist::kfac::Options& o) {
   add_choice(app, "--factor-sync", o.factor_sync, kFactorSyncNames,
              "K-FAC: all-reduce the factors every-step (SPD-KFAC, kfac-pytorch) or before-inverses only "
              "(kfac-jax's lazy sync: the same factors inverted, one factor all-reduce per inverse period)");
+  app.add_flag("--low-rank-dense", o.low_rank_dense,
+               "K-FAC: precondition a Dense layer's gradient from its batch, dy^T [x 1], where that costs fewer flops "
+               "(the batch is smaller than the layer), summed by one all-reduce; the gradient must be the batch's");
 }
 
 enum class Schedule { constant, cosine };

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ctest entries for the main job on the real data (exit 77 = skipped when the dataset is absent):
-#   check_job.sh loss    JOB MPIEXEC COMPARE OPTIMIZER REDUCE MAX_LOSS   2 ranks, a few hundred steps
+#   check_job.sh loss    JOB MPIEXEC COMPARE OPTIMIZER REDUCE MAX_LOSS [JOB OPTIONS]
+#                        2 ranks, a few hundred steps
 #   check_job.sh repeat  JOB MPIEXEC COMPARE   same seed twice: bit-identical parameters
 #   check_job.sh resume  JOB MPIEXEC COMPARE   checkpoint + resume == uninterrupted, bit for bit
 #                        (K-FAC with --factor-sync before-inverses: up to rounding)
@@ -38,9 +39,10 @@ study() { local np=$1; shift; "$mpiexec" -n "$np" "$workers_job" --quiet --seed 
 case "$mode" in
   loss)
     optimizer=$1 reduce=$2 max_loss=$3
-    run 2 --optimizer "$optimizer" --reduce "$reduce" --epochs 1 --limit-batches 300 --log "$work/log.csv"
+    shift 3
+    run 2 --optimizer "$optimizer" --reduce "$reduce" --epochs 1 --limit-batches 300 --log "$work/log.csv" "$@"
     loss=$(tail -n 1 "$work/log.csv" | cut -d, -f2)
-    echo "$optimizer/$reduce: mean training loss over 300 steps $loss (must be below $max_loss)"
+    echo "$optimizer/$reduce $*: mean training loss over 300 steps $loss (must be below $max_loss)"
     awk -v l="$loss" -v m="$max_loss" 'BEGIN { exit !(l < m) }'
     ;;
   repeat)

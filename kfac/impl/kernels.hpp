@@ -104,9 +104,13 @@ double inner(const Exec& exec, const MV& V, const MV& W) {
         "kdist::kfac::kl_dot", Kokkos::RangePolicy<Exec>(exec, 0, W.extent(1)),
         KOKKOS_LAMBDA(const int j, double& sum) {
           const auto *const v = &V(0, j), *const w = &W(0, j);
-          double column = 0;
-          for (int i = 0; i < rows; ++i) column += double(v[i]) * double(w[i]);
-          sum += column;
+          // Four partial sums: independent chains of additions, four times the one chain's rate.
+          double c[4] = {0, 0, 0, 0};
+          int i = 0;
+          for (; i + 4 <= rows; i += 4)
+            for (int q = 0; q < 4; ++q) c[q] += double(v[i + q]) * double(w[i + q]);
+          for (; i < rows; ++i) c[0] += double(v[i]) * double(w[i]);
+          sum += (c[0] + c[1]) + (c[2] + c[3]);
         },
         dot);
     return dot;

@@ -222,6 +222,7 @@ std::string Preconditioner<T, M>::describe() const {
      << ", inverse by " << (options_.inverse_method == InverseMethod::cholesky ? "Cholesky" : "eigendecomposition")
      << ", Cholesky solves " << to_string(options_.cholesky_solves) << ", factors all-reduced "
      << (options_.factor_sync == FactorSync::every_step ? "every factor step" : "before inverse steps only")
+     << (options_.low_rank_dense ? ", Dense layers from their batch (low rank) where cheaper" : "")
      << "\n  cost models: " << (options_.cost_models.empty() ? std::string("stated defaults") : options_.cost_models)
      << "\n";
   if (!restored_.empty()) os << "  " << restored_ << "\n";

@@ -38,6 +38,12 @@ struct LayerSlot {
   Vector gathered;          ///< split over inputs: every rank's block of rows, all-gathered
   int rows = 0;             ///< samples (Dense) or images (Conv2d) the last on_forward saw
   int spatial = 0;          ///< Conv2d: output locations (out_h * out_w) the last on_forward saw
+  // Options::low_rank_dense (Dense layers), kfac/impl/low_rank.hpp:
+  Matrix batch_x;           ///< [x 1]ᵀ of this step's on_forward, a_dim x rows
+  Matrix batch_dy;          ///< dyᵀ of this step's on_backward, g_dim x rows
+  Matrix batch_work;        ///< A^-1 [x 1]ᵀ where A is an inverse (a_dim x rows)
+  int batch_rows = 0;       ///< rows of batch_x
+  double batch_weight = 0;  ///< this step: this rank's weight in the sum; 0: the full product
 };
 
 }  // namespace impl
