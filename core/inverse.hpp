@@ -63,7 +63,7 @@ template <class ExecSpace, class T>
 struct DenseSolver<ExecSpace, T,
                    std::enable_if_t<Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible>> {
   static constexpr const char* factor_stage = "potrf";
-  static constexpr const char* invert_stage = "potri";
+  static constexpr const char* invert_stage = "potri (trtri by halves, lauum)";
   static constexpr const char* eigen_stage = "syevd";
   /// From this order on the inverse goes through potrs (0: never; the host's potri is as fast).
   static constexpr int solve_from = 0;
@@ -73,7 +73,7 @@ struct DenseSolver<ExecSpace, T,
   static void cholesky_inverse(const ExecSpace& exec, T* a, int n, int lda, void*, std::size_t, int* info) {
     compat::fence(exec, "kdist::spd_inverse: before LAPACK");
     info[0] = host::potrf<T>('U', n, a, lda);
-    info[1] = info[0] == 0 ? host::potri<T>('U', n, a, lda) : 0;
+    info[1] = info[0] == 0 ? host::potri_by_halves<T>(n, a, lda) : 0;
   }
   static std::size_t cholesky_factor_bytes(const ExecSpace&, int, int) { return 0; }
   /// In place on the upper triangle: a := R (a = R^T R); info = {potrf, 0}.

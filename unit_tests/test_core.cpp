@@ -367,6 +367,35 @@ TEMPLATE_TEST_CASE("spd_inverse: (A + gamma I) inv = I", "[core][inverse]", floa
   for (int n : {1, 5, 64, 200}) check_inverse<TestType>(n, kdist::InverseMethod::eigen);
 }
 
+// The host's inverse stage (core/impl/lapack_host.hpp): R^-1 by halves through trmm, then lauum.
+TEMPLATE_TEST_CASE("potri_by_halves equals LAPACK's potri, and names the first zero pivot as trtri does",
+                   "[core][inverse]", float, double) {
+  using T = TestType;
+  namespace host = kdist::impl::host;
+  const bool dbl = std::is_same<T, double>::value;
+  for (int n : {1, 128, 129, 300}) {  // 129: halves of 64 and 65; 300: 150, then 75
+    std::mt19937_64 rng(7 + n);
+    const Dense a = rounded<T>(kdist_test::matrix_with_spectrum(kdist_test::geometric_spectrum(n, 1.0, 1e-2), rng));
+    std::vector<T> want(a.begin(), a.end());  // symmetric: either order is column-major
+    REQUIRE(host::potrf<T>('U', n, want.data(), n) == 0);
+    std::vector<T> got = want;
+    REQUIRE(host::potri<T>('U', n, want.data(), n) == 0);
+    REQUIRE(host::potri_by_halves<T>(n, got.data(), n) == 0);
+    double err = 0, scale = 0;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i <= j; ++i) {
+        err = std::max(err, std::abs(double(got[i + j * n]) - double(want[i + j * n])));
+        scale = std::max(scale, std::abs(double(want[i + j * n])));
+      }
+    INFO("n " << n);
+    CHECK(err <= (dbl ? 1e-12 : 1e-5) * scale);
+  }
+  std::vector<T> R(300 * 300, T(0));
+  for (int i = 0; i < 300; ++i) R[i + i * 300] = T(1);
+  R[230 + 230 * 300] = T(0);  // in the second half's second half: 150 + 75 + 6
+  CHECK(host::potri_by_halves<T>(300, R.data(), 300) == 231);
+}
+
 TEST_CASE("spd_inverse: eigen method agrees with Cholesky", "[core][inverse]") {
   std::mt19937_64 rng(3);
   for (int n : {4, 33, 256}) {

@@ -9,6 +9,14 @@ void spotrf_(const char*, const int*, float*, const int*, int*);
 void dpotrf_(const char*, const int*, double*, const int*, int*);
 void spotri_(const char*, const int*, float*, const int*, int*);
 void dpotri_(const char*, const int*, double*, const int*, int*);
+void strtri_(const char*, const char*, const int*, float*, const int*, int*);
+void dtrtri_(const char*, const char*, const int*, double*, const int*, int*);
+void slauum_(const char*, const int*, float*, const int*, int*);
+void dlauum_(const char*, const int*, double*, const int*, int*);
+void strmm_(const char*, const char*, const char*, const char*, const int*, const int*, const float*, const float*,
+            const int*, float*, const int*);
+void dtrmm_(const char*, const char*, const char*, const char*, const int*, const int*, const double*, const double*,
+            const int*, double*, const int*);
 void ssyevd_(const char*, const char*, const int*, float*, const int*, float*, float*, const int*, int*, const int*,
              int*);
 void dsyevd_(const char*, const char*, const int*, double*, const int*, double*, double*, const int*, int*, const int*,
@@ -43,6 +51,57 @@ int potri<double>(char uplo, int n, double* A, int lda) {
   dpotri_(&uplo, &n, A, &lda, &info);
   return info;
 }
+
+namespace {
+
+void trtri(int n, float* A, int lda, int* info) {
+  strtri_("U", "N", &n, A, &lda, info);
+}
+void trtri(int n, double* A, int lda, int* info) {
+  dtrtri_("U", "N", &n, A, &lda, info);
+}
+void lauum(int n, float* A, int lda, int* info) {
+  slauum_("U", &n, A, &lda, info);
+}
+void lauum(int n, double* A, int lda, int* info) {
+  dlauum_("U", &n, A, &lda, info);
+}
+void trmm(char side, int m, int n, float alpha, const float* A, int lda, float* B, int ldb) {
+  strmm_(&side, "U", "N", "N", &m, &n, &alpha, A, &lda, B, &ldb);
+}
+void trmm(char side, int m, int n, double alpha, const double* A, int lda, double* B, int ldb) {
+  dtrmm_(&side, "U", "N", "N", &m, &n, &alpha, A, &lda, B, &ldb);
+}
+
+// R^-1 in place (upper, non-unit): [R11 R12; 0 R22]^-1 = [R11^-1, -R11^-1 R12 R22^-1; 0, R22^-1].
+// Returns trtri's info (the first zero diagonal, counted from R's start).
+template <class T>
+int triangular_inverse(int n, T* A, int lda) {
+  int info = 0;
+  if (n <= 128) {
+    trtri(n, A, lda, &info);
+    return info;
+  }
+  const int n1 = n / 2, n2 = n - n1;
+  T* const R12 = A + static_cast<std::size_t>(n1) * static_cast<std::size_t>(lda);
+  T* const R22 = R12 + n1;
+  if ((info = triangular_inverse(n1, A, lda)) != 0) return info;
+  if ((info = triangular_inverse(n2, R22, lda)) != 0) return info > 0 ? info + n1 : info;
+  trmm('L', n1, n2, T(1), A, lda, R12, lda);
+  trmm('R', n1, n2, T(-1), R22, lda, R12, lda);
+  return 0;
+}
+
+}  // namespace
+
+template <class T>
+int potri_by_halves(int n, T* A, int lda) {
+  int info = triangular_inverse(n, A, lda);
+  if (info == 0) lauum(n, A, lda, &info);
+  return info;
+}
+template int potri_by_halves<float>(int, float*, int);
+template int potri_by_halves<double>(int, double*, int);
 
 namespace {
 // The query returns LWORK as a float: above 2^24 it is rounded, possibly below the minimum
