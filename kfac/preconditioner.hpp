@@ -442,57 +442,13 @@ void Preconditioner<T, M>::compute_g(const execution_space& exec, int l, const Y
   }
 }
 
-// The batch's copies for Options::low_rank_dense, on every step: x as [x 1]ᵀ (a_dim x rows) and dy as
-// dyᵀ (g_dim x rows), column-major, which the preconditioning multiplies (and solves) in place.
-template <class T, class M>
-template <class XView>
-void Preconditioner<T, M>::keep_batch_inputs(const execution_space& exec, int l, const XView& x) {
-  LayerSlot& slot = layer_slot(l);
-  keep_batch(exec, l, x, "on_forward: activations", slot.layer.inputs(), -1, slot.layer.a_dim(), slot.batch_x);
-  slot.batch_rows = static_cast<int>(x.extent(0));
-}
-
-template <class T, class M>
-template <class YView>
-void Preconditioner<T, M>::keep_batch_gradients(const execution_space& exec, int l, const YView& dy) {
-  LayerSlot& slot = layer_slot(l);
-  keep_batch(exec, l, dy, "on_backward: output gradients", slot.layer.outputs(), slot.batch_rows, slot.layer.g_dim(),
-             slot.batch_dy);
-}
-
-template <class T, class M>
-template <class View>
-void Preconditioner<T, M>::keep_batch(const execution_space& exec, int l, const View& v, const char* what, int features,
-                                      int rows, int dim, Matrix& into) {
-  std::string bad;
-  if constexpr (compat::view_rank<View>() != 2) {
-    bad = " are not rows x features (rank 2)";
-  } else if (static_cast<int>(v.extent(1)) != features || (rows >= 0 && static_cast<int>(v.extent(0)) != rows)) {
-    bad = " do not have " + (rows >= 0 ? std::to_string(rows) + " rows and " : std::string()) +
-          std::to_string(features) + " columns";
-  }
-  if (!bad.empty())
-    raise(InvalidArgument(std::string("kdist::kfac::") + what + " " + kdist::impl::describe(v) + bad + " (layer " +
-                          std::to_string(l) + " " + layer(l).describe() + ", rank " + std::to_string(engine_.rank()) +
-                          ")"));
-  if constexpr (compat::view_rank<View>() == 2) {
-    try {
-      const int n = static_cast<int>(v.extent(0));
-      if (static_cast<int>(into.extent(1)) != n || into.extent(0) == 0)
-        into = Matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::batch"), dim, n);
-      impl::keep_batch_columns(exec, v, into);
-    } catch (...) {
-      fail_and_rethrow();
-    }
-  }
-}
-
 }  // namespace kfac
 }  // namespace kdist
 
 // The non-template members: compiled into kdist_kfac for float and double on the memory spaces
 // kfac/preconditioner.cpp lists (extern below), and available to any other instantiation.
 #include <kdist/kfac/impl/precondition.hpp>
+#include <kdist/kfac/impl/precondition_low_rank.hpp>
 #include <kdist/kfac/impl/preconditioner_state.hpp>
 
 namespace kdist {
