@@ -206,7 +206,7 @@ class Preconditioner {
   template <class View>
   void keep_batch(const execution_space& exec, int l, const View& v, const char* what, int features, int rows, int dim,
                   Matrix& into);
-  /// Sets each layer's batch_weight for this step (0: the full product); collective with
+  /// Sets each layer's from_batch and batch_weight for this step; collective with
   /// averaged gradients on several ranks. Refuses, on every rank, a gradient that is not the batch's.
   void choose_low_rank(const execution_space& exec);
   /// Layer l's Vᵀ from its batch, this rank's weighted term, and the all-reduce summing the terms

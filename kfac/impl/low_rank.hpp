@@ -47,6 +47,13 @@ void fill_sketch_vector(const Exec& exec, const UV& u) {
       KOKKOS_LAMBDA(const int j) { u(j) = static_cast<T>(sketch_weight(j)); });
 }
 
+/// M := a dim x cols matrix (contents unspecified) unless it is one already.
+template <class MV>
+void fit_columns(MV& M, int dim, int cols, const char* label) {
+  if (static_cast<int>(M.extent(0)) != dim || static_cast<int>(M.extent(1)) != cols)
+    M = MV(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), dim, cols);
+}
+
 /// D := Sᵀ, with a last row of ones where D has one row more than S has columns (a bias): S is the
 /// hook's rows x features view (any layout), D column-major, one column per sample.
 template <class Exec, class SV, class DV>

@@ -20,7 +20,7 @@ Preconditioner<T, M>::Preconditioner(comm::Engine& engine, std::vector<Layer> la
   if (!options_.cost_models.empty()) models_ = CostModelStore::load(options_.cost_models);
   const int P = engine_.size(), L = static_cast<int>(layers.size());
   for (Layer& given : layers)
-    layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, {}, {}, 0, 0, {}, {}, {}, 0, 0});
+    layer_slots_.push_back(LayerSlot{std::move(given), {}, {}, {}, {}, {}, 0, 0, {}, {}, {}, 0, false, 0});
   std::vector<PlacementItem> items;
   std::vector<typename Fused::Tensor> tensors;
   const std::vector<bool> forms = cholesky_forms();
@@ -335,7 +335,7 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   choose_low_rank(exec);
   for (int l = 0; l < layers(); ++l) {
     const LayerSlot& slot = layer_slot(l);
-    if (slot.batch_weight != 0) {
+    if (slot.from_batch) {
       gathers.push_back(precondition_from_batch(exec, l));
       continue;
     }
@@ -362,7 +362,7 @@ void Preconditioner<T, M>::precondition(const execution_space& exec, const std::
   for (comm::Request& r : gathers) r.wait();
   for (int l = 0; l < layers() && split(); ++l) {
     const LayerSlot& slot = layer_slot(l);
-    if (slot.split.axis == SplitAxis::inputs && slot.batch_weight == 0)
+    if (slot.split.axis == SplitAxis::inputs && !slot.from_batch)
       impl::unblock_rows(exec, slot.gathered, slot.split.block, slot.result);
   }
   double total = 0;

@@ -47,9 +47,7 @@ void Preconditioner<T, M>::keep_batch(const execution_space& exec, int l, const 
                           ")"));
   if constexpr (compat::view_rank<View>() == 2) {
     try {
-      const int n = static_cast<int>(v.extent(0));
-      if (static_cast<int>(into.extent(1)) != n || into.extent(0) == 0)
-        into = Matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::batch"), dim, n);
+      impl::fit_columns(into, dim, static_cast<int>(v.extent(0)), "kdist::kfac::batch");
       impl::keep_batch_columns(exec, v, into);
     } catch (...) {
       fail_and_rethrow();
@@ -63,7 +61,7 @@ void Preconditioner<T, M>::keep_batch(const execution_space& exec, int l, const 
 // reads reduced values only), and only then is its gradient checked.
 template <class T, class M>
 void Preconditioner<T, M>::choose_low_rank(const execution_space& exec) {
-  for (LayerSlot& slot : layer_slots_) slot.batch_weight = 0;
+  for (LayerSlot& slot : layer_slots_) slot.from_batch = false;
   if (!options_.low_rank_dense) return;
   std::vector<int> dense, at, given_at;
   int sums = 0, given = 0, rows = 0;
@@ -117,6 +115,7 @@ void Preconditioner<T, M>::choose_low_rank(const execution_space& exec) {
           std::to_string(m.tolerance) + "). Weight decay, an L2 term, clipping or accumulation in the gradient " +
           "would be lost: apply them after step(), or turn low_rank_dense off (rank " + std::to_string(engine_.rank()) +
           ")"));
+    slot.from_batch = true;
     slot.batch_weight = m.weights == impl::BatchWeights::ranks ? 1.0 / P : slot.batch_rows / total;
   }
 }
@@ -136,8 +135,7 @@ comm::Request Preconditioner<T, M>::precondition_from_batch(const execution_spac
     if (A.cholesky) {
       cholesky_solve_left(exec, A.inverse, X);
     } else {
-      if (static_cast<int>(slot.batch_work.extent(1)) != rows || slot.batch_work.extent(0) == 0)
-        slot.batch_work = Matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kdist::kfac::batch_work"), a, rows);
+      impl::fit_columns(slot.batch_work, a, rows, "kdist::kfac::batch_work");
       gemm(exec, "N", "N", T(1), A.inverse, slot.batch_x, T(0), slot.batch_work);
       X = slot.batch_work;
     }

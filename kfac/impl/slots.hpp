@@ -43,7 +43,8 @@ struct LayerSlot {
   Matrix batch_dy;          ///< dyᵀ of this step's on_backward, g_dim x rows
   Matrix batch_work;        ///< A^-1 [x 1]ᵀ where A is an inverse (a_dim x rows)
   int batch_rows = 0;       ///< rows of batch_x
-  double batch_weight = 0;  ///< this step: this rank's weight in the sum; 0: the full product
+  bool from_batch = false;  ///< this step: preconditioned from the batch (the same on every rank)
+  double batch_weight = 0;  ///< this rank's weight in that sum (0 for a rank with no rows)
 };
 
 }  // namespace impl
