@@ -127,6 +127,19 @@ TEST_CASE("kfac low rank: a gradient that is not the batch's is refused on every
   CHECK(std::equal(before.data(), before.data() + before.size(), after.data()));
 }
 
+TEST_CASE("kfac low rank: one rank's gradient not the batch's fails every rank, no hang", "[kfac]") {
+  if (world_size() == 1) return;
+  // Averaged gradients that differ between ranks break step()'s contract: rank 0 alone finds its
+  // gradient is not the batch's and raises; the others learn it at the all-reduce of the terms.
+  const auto layers = low_rank_network();
+  comm::Engine engine{comm::Communicator(MPI_COMM_WORLD)};
+  Preconditioner<double, TestMem> kfac(engine, layers, low_rank_options());
+  const GradientValue mine = [](const Layer& L, int step, int l, int i, int j) {
+    return batch_gradients()(L, step, l, i, j) + (world_rank() == 0 ? 1e-4 : 0.0);
+  };
+  CHECK_THROWS_AS(train(kfac, layers, 0, 2, mine), Error);
+}
+
 TEST_CASE("kfac low rank: the hooks check what they keep on steps that make no factor", "[kfac]") {
   const auto layers = low_rank_network();
   Options o = low_rank_options();

@@ -495,6 +495,13 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
   const auto layers = network();
   const comm::Communicator world(MPI_COMM_WORLD);
   TestExec exec;
+  // Options that differ on rank 1: two steps meet a mismatch on every rank (at 2 ranks or more).
+  const auto disagreeing_ranks_fail = [&](const Options& o) {
+    if (world_size() == 1) return;
+    comm::Engine kfac_engine{world};
+    Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
+    CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
+  };
   SECTION("options out of range") {
     for (auto bad : std::vector<std::function<void(Options&)>>{
              [](Options& o) { o.damping = 0; }, [](Options& o) { o.factor_decay = 1; },
@@ -586,38 +593,32 @@ TEST_CASE("kfac: bad input raises on every rank without a hang", "[kfac][leaks-c
     }
   }
   SECTION("ranks that disagree on split preconditioning: a mismatch on every rank, not a hang") {
-    if (world_size() > 1) {
-      // Rank 1 preconditions everything itself; the others wait in the all-gather of the blocks,
-      // and rank 1's next operation (the next step's factor reduction) meets it.
-      Options o = base_options();
-      o.split_preconditioning = world_rank() != 1;
-      comm::Engine kfac_engine{world};
-      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
-      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
-    }
+    // Rank 1 preconditions everything itself; the others wait in the all-gather of the blocks,
+    // and rank 1's next operation (the next step's factor reduction) meets it.
+    Options o = base_options();
+    o.split_preconditioning = world_rank() != 1;
+    disagreeing_ranks_fail(o);
   }
   SECTION("ranks that disagree on the placement: a mismatch on every rank, not a hang") {
-    if (world_size() > 1) {
-      // Rank 1 broadcasts every inverse from its owner (sequential, all CT); the others place for
-      // the channel, which with the default models inverts these small factors everywhere.
-      Options o = base_options();
-      o.placement = world_rank() == 1 ? PlacementKind::sequential : PlacementKind::channel;
-      comm::Engine kfac_engine{world};
-      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
-      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
-    }
+    // Rank 1 broadcasts every inverse from its owner (sequential, all CT); the others place for
+    // the channel, which with the default models inverts these small factors everywhere.
+    Options o = base_options();
+    o.placement = world_rank() == 1 ? PlacementKind::sequential : PlacementKind::channel;
+    disagreeing_ranks_fail(o);
   }
   SECTION("ranks that disagree on the factor sync: a mismatch on every rank, not a hang") {
-    if (world_size() > 1) {
-      // Rank 1 syncs before inverse steps only: at step 1 the others all-reduce their factors
-      // where rank 1 all-gathers its preconditioned block.
-      Options o = base_options();
-      o.inverse_every = 4;
-      o.factor_sync = world_rank() == 1 ? FactorSync::before_inverses : FactorSync::every_step;
-      comm::Engine kfac_engine{world};
-      Preconditioner<double, TestMem> kfac(kfac_engine, layers, o);
-      CHECK_THROWS_AS(train(kfac, layers, 0, 2), Error);
-    }
+    // Rank 1 syncs before inverse steps only: at step 1 the others all-reduce their factors
+    // where rank 1 all-gathers its preconditioned block.
+    Options o = base_options();
+    o.inverse_every = 4;
+    o.factor_sync = world_rank() == 1 ? FactorSync::before_inverses : FactorSync::every_step;
+    disagreeing_ranks_fail(o);
+  }
+  SECTION("ranks that disagree on low_rank_dense: a mismatch on every rank, not a hang") {
+    // The others all-reduce their batch projections where rank 1 all-gathers its block.
+    Options o = base_options();
+    o.low_rank_dense = world_rank() != 1;
+    disagreeing_ranks_fail(o);
   }
   SECTION("sync_factors called on one rank only: a mismatch on every rank, not a hang") {
     if (world_size() > 1) {
